@@ -1,0 +1,430 @@
+"""Jobs, their tasks and attempts: the lifecycle as a table, fenced by attempt tokens.
+
+A job has one task per array index. A task is placed in a region (assign), started there by an
+executor (claim, which creates an attempt whose token is the claiming entry's log index and whose
+lease the executor renews with heartbeats), and ends in exactly one terminal state. Every update
+from an executor carries its attempt's token; an update with any other token is from a stale
+attempt (a zombie) and is rejected without changing anything. An attempt whose lease runs out on
+the lease clock is ended by the state machine and its task goes back to pending, keeping its last
+committed checkpoint, so the next attempt resumes from there.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from xrcore.commands import (
+    JobCancel,
+    JobSubmit,
+    TaskAssign,
+    TaskCheckpoint,
+    TaskClaim,
+    TaskComplete,
+    TaskFail,
+    TaskHeartbeat,
+    TaskUnassign,
+)
+from xrcore.errors import (
+    CapacityExceeded,
+    CheckpointNotNewer,
+    InvalidArgument,
+    InvalidTransition,
+    NotFound,
+    StaleToken,
+)
+from xrcore.model import Attempt, Checkpoint, Effect, Job, Task, TaskState
+
+if TYPE_CHECKING:
+    from xrcore.state import StateMachine
+
+__all__ = [
+    "TRANSITIONS",
+    "Event",
+    "Job",
+    "assign",
+    "cancel",
+    "checkpoint",
+    "claim",
+    "complete",
+    "expire_attempt",
+    "fail",
+    "get",
+    "heartbeat",
+    "list_",
+    "live_deadlines",
+    "submit",
+    "unassign",
+]
+
+
+class Event(StrEnum):
+    ASSIGN = "assign"
+    UNASSIGN = "unassign"
+    CLAIM = "claim"
+    COMPLETE = "complete"
+    RETRY = "retry"
+    FAIL = "fail"
+    LEASE_LOST = "lease_lost"
+    CANCEL = "cancel"
+
+
+P, A, R = TaskState.PENDING, TaskState.ASSIGNED, TaskState.RUNNING
+S, F, C = TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED
+
+# Every allowed task transition; anything else is rejected by `_move`.
+TRANSITIONS: dict[tuple[TaskState, Event], TaskState] = {
+    (P, Event.ASSIGN): A,
+    (A, Event.UNASSIGN): P,
+    (A, Event.CLAIM): R,
+    (R, Event.COMPLETE): S,
+    (R, Event.RETRY): P,
+    (R, Event.FAIL): F,
+    (R, Event.LEASE_LOST): P,
+    (P, Event.CANCEL): C,
+    (A, Event.CANCEL): C,
+    (R, Event.CANCEL): C,
+}
+
+
+def _check_move(task: Task, event: Event) -> TaskState:
+    target = TRANSITIONS.get((task.state, event))
+    if target is None:
+        raise InvalidTransition(f"task {task.index} is {task.state.value}; it cannot {event.value}")
+    return target
+
+
+def _move(machine: StateMachine, task: Task, target: TaskState) -> None:
+    """Moves a task to a state `_check_move` allowed, keeping the count of active tasks."""
+    if target.terminal:
+        machine.tasks_active -= 1
+    if target in (TaskState.PENDING, TaskState.CANCELLED):
+        task.region = None
+    task.state = target
+    task.updated_at_ms = machine.now_ms
+
+
+def _job(machine: StateMachine, job_id: str) -> Job:
+    job = machine.jobs.get(job_id)
+    if job is None:
+        raise NotFound(f"job {job_id!r} does not exist")
+    return job
+
+
+def _task(machine: StateMachine, job_id: str, task_index: int) -> tuple[Job, Task]:
+    job = _job(machine, job_id)
+    if task_index >= len(job.tasks):
+        raise NotFound(f"job {job_id!r} has no task {task_index}")
+    return job, job.tasks[task_index]
+
+
+def _live(machine: StateMachine, job_id: str, task_index: int, token: int) -> tuple[Task, Attempt]:
+    """The running attempt that `token` names, or `StaleToken`."""
+    _, task = _task(machine, job_id, task_index)
+    attempt = task.live_attempt()
+    if attempt is None or attempt.token != token:
+        current = None if attempt is None else attempt.token
+        raise StaleToken(
+            f"token {token} is not the live attempt of {job_id}[{task_index}] "
+            f"(task is {task.state.value}, live token {current})"
+        )
+    return task, attempt
+
+
+def _end_attempt(machine: StateMachine, job_id: str, task: Task, outcome: str) -> None:
+    attempt = task.attempts[-1]
+    attempt.ended_at_ms = machine.now_ms
+    attempt.outcome = outcome
+    machine.effects.append(
+        Effect(
+            kind="attempt.ended",
+            job_id=job_id,
+            task_index=task.index,
+            token=attempt.token,
+            reason=outcome,
+        )
+    )
+
+
+# Commands.
+
+
+def submit(machine: StateMachine, command: JobSubmit, index: int) -> dict[str, Any]:
+    spec = command.spec
+    limits = machine.limits
+    if machine.tasks_active + spec.array_size > limits.tasks_active_max:
+        raise CapacityExceeded(
+            f"{machine.tasks_active} tasks are active; {spec.array_size} more would pass the "
+            f"maximum of {limits.tasks_active_max}"
+        )
+    evict = None
+    if len(machine.jobs) >= limits.jobs_max:
+        evict = next((job_id for job_id, job in machine.jobs.items() if _finished(job)), None)
+        if evict is None:
+            raise CapacityExceeded(f"the maximum of {limits.jobs_max} unfinished jobs is reached")
+    if evict is not None:
+        del machine.jobs[evict]
+    job_id = f"job-{index}"
+    tasks = [
+        Task(index=position, updated_at_ms=machine.now_ms) for position in range(spec.array_size)
+    ]
+    machine.jobs[job_id] = Job(
+        job_id=job_id, spec=spec, submitted_at_ms=machine.now_ms, tasks=tasks
+    )
+    machine.tasks_active += spec.array_size
+    return {"job_id": job_id, "tasks": spec.array_size}
+
+
+def _finished(job: Job) -> bool:
+    return all(task.state.terminal for task in job.tasks)
+
+
+def cancel(machine: StateMachine, command: JobCancel, index: int) -> dict[str, Any]:
+    job = _job(machine, command.job_id)
+    if _finished(job):
+        raise InvalidTransition(f"job {command.job_id!r} has already finished ({job.state})")
+    cancelled = 0
+    for task in job.tasks:
+        if task.state.terminal:
+            continue
+        target = _check_move(task, Event.CANCEL)
+        if task.state is TaskState.RUNNING:
+            _end_attempt(machine, job.job_id, task, "cancelled")
+        _move(machine, task, target)
+        cancelled += 1
+    job.cancel_reason = command.reason
+    return {"job_id": job.job_id, "cancelled_tasks": cancelled}
+
+
+def assign(machine: StateMachine, command: TaskAssign, index: int) -> dict[str, Any]:
+    job, task = _task(machine, command.job_id, command.task_index)
+    if command.region not in machine.regions:
+        raise NotFound(f"region {command.region!r} is not registered")
+    if not job.spec.allows(command.region):
+        raise InvalidArgument(f"job {job.job_id!r} does not allow region {command.region!r}")
+    target = _check_move(task, Event.ASSIGN)
+    _move(machine, task, target)
+    task.region = command.region
+    return {"job_id": job.job_id, "task_index": task.index, "region": command.region}
+
+
+def unassign(machine: StateMachine, command: TaskUnassign, index: int) -> dict[str, Any]:
+    job, task = _task(machine, command.job_id, command.task_index)
+    _move(machine, task, _check_move(task, Event.UNASSIGN))
+    return {"job_id": job.job_id, "task_index": task.index}
+
+
+def claim(machine: StateMachine, command: TaskClaim, index: int) -> dict[str, Any]:
+    job, task = _task(machine, command.job_id, command.task_index)
+    target = _check_move(task, Event.CLAIM)
+    if task.region != command.region:
+        raise InvalidTransition(
+            f"task {job.job_id}[{task.index}] is assigned to {task.region!r}, "
+            f"not {command.region!r}"
+        )
+    deadline_ms = machine.lease_clock_ms + command.lease_ttl_ms
+    restored = task.checkpoint
+    attempt = Attempt(
+        number=len(task.attempts) + 1,
+        token=index,
+        region=command.region,
+        executor_id=command.executor_id,
+        started_at_ms=machine.now_ms,
+        lease_ttl_ms=command.lease_ttl_ms,
+        deadline_ms=deadline_ms,
+        restored_step=None if restored is None else restored.step,
+    )
+    task.attempts.append(attempt)
+    _move(machine, task, target)
+    machine.watch_attempt(deadline_ms, job.job_id, task.index, index)
+    return {
+        "job_id": job.job_id,
+        "task_index": task.index,
+        "token": index,
+        "attempt": attempt.number,
+        "checkpoint": None if restored is None else _checkpoint_view(restored),
+    }
+
+
+def heartbeat(machine: StateMachine, command: TaskHeartbeat, index: int) -> dict[str, Any]:
+    task, attempt = _live(machine, command.job_id, command.task_index, command.token)
+    attempt.deadline_ms = machine.lease_clock_ms + attempt.lease_ttl_ms
+    machine.watch_attempt(attempt.deadline_ms, command.job_id, task.index, attempt.token)
+    task.done = command.done
+    task.total = command.total
+    task.metrics = dict(command.metrics)
+    task.updated_at_ms = machine.now_ms
+    return {"token": attempt.token, "lease_remaining_ms": attempt.lease_ttl_ms}
+
+
+def checkpoint(machine: StateMachine, command: TaskCheckpoint, index: int) -> dict[str, Any]:
+    task, attempt = _live(machine, command.job_id, command.task_index, command.token)
+    previous = task.checkpoint
+    if previous is not None and command.step <= previous.step:
+        raise CheckpointNotNewer(
+            f"checkpoint step {command.step} is not newer than the committed step {previous.step}"
+        )
+    task.checkpoint = Checkpoint(
+        step=command.step,
+        uri=command.uri,
+        checksum=command.checksum,
+        size_bytes=command.size_bytes,
+        token=attempt.token,
+        committed_at_ms=machine.now_ms,
+    )
+    task.updated_at_ms = machine.now_ms
+    return {"step": command.step, "token": attempt.token}
+
+
+def complete(machine: StateMachine, command: TaskComplete, index: int) -> dict[str, Any]:
+    task, _ = _live(machine, command.job_id, command.task_index, command.token)
+    target = _check_move(task, Event.COMPLETE)
+    _end_attempt(machine, command.job_id, task, "succeeded")
+    task.result = command.result
+    _move(machine, task, target)
+    return {"job_id": command.job_id, "task_index": task.index, "state": task.state.value}
+
+
+def fail(machine: StateMachine, command: TaskFail, index: int) -> dict[str, Any]:
+    job, _ = _task(machine, command.job_id, command.task_index)
+    task, attempt = _live(machine, command.job_id, command.task_index, command.token)
+    failures = task.failures + 1
+    retry = (
+        command.retryable
+        and failures < job.spec.max_attempts
+        and len(task.attempts) < machine.limits.attempts_total_max
+    )
+    target = _check_move(task, Event.RETRY if retry else Event.FAIL)
+    attempt.error = command.error
+    _end_attempt(machine, job.job_id, task, "failed")
+    task.failures = failures
+    task.error = command.error
+    _move(machine, task, target)
+    return {
+        "job_id": job.job_id,
+        "task_index": task.index,
+        "state": task.state.value,
+        "retrying": retry,
+    }
+
+
+def expire_attempt(
+    machine: StateMachine, job_id: str, task_index: int, token: int, deadline_ms: int
+) -> None:
+    """Ends an attempt whose lease ran out, if that deadline is still the live one."""
+    job = machine.jobs.get(job_id)
+    if job is None:
+        return
+    task = job.tasks[task_index]
+    attempt = task.live_attempt()
+    if attempt is None or attempt.token != token or attempt.deadline_ms != deadline_ms:
+        return
+    exhausted = len(task.attempts) >= machine.limits.attempts_total_max
+    target = _check_move(task, Event.FAIL if exhausted else Event.LEASE_LOST)
+    _end_attempt(machine, job_id, task, "lease_expired")
+    if exhausted:
+        task.error = f"lease lost; {len(task.attempts)} attempts in all"
+    _move(machine, task, target)
+
+
+def live_deadlines(machine: StateMachine) -> list[tuple[int, str, int, int]]:
+    return [
+        (attempt.deadline_ms, job.job_id, task.index, attempt.token)
+        for job in machine.jobs.values()
+        for task in job.tasks
+        if (attempt := task.live_attempt()) is not None
+    ]
+
+
+# Queries.
+
+
+def _checkpoint_view(point: Checkpoint) -> dict[str, Any]:
+    return {
+        "step": point.step,
+        "uri": point.uri,
+        "checksum": point.checksum,
+        "size_bytes": point.size_bytes,
+        "token": point.token,
+        "committed_at_ms": point.committed_at_ms,
+    }
+
+
+def _task_view(task: Task) -> dict[str, Any]:
+    live = task.live_attempt()
+    return {
+        "index": task.index,
+        "state": task.state.value,
+        "region": task.region,
+        "token": None if live is None else live.token,
+        "failures": task.failures,
+        "done": task.done,
+        "total": task.total,
+        "metrics": dict(task.metrics),
+        "checkpoint": None if task.checkpoint is None else _checkpoint_view(task.checkpoint),
+        "result": task.result,
+        "error": task.error,
+        "attempts": [
+            {
+                "number": attempt.number,
+                "token": attempt.token,
+                "region": attempt.region,
+                "executor_id": attempt.executor_id,
+                "started_at_ms": attempt.started_at_ms,
+                "ended_at_ms": attempt.ended_at_ms,
+                "outcome": attempt.outcome,
+                "restored_step": attempt.restored_step,
+                "error": attempt.error,
+            }
+            for attempt in task.attempts
+        ],
+    }
+
+
+def _job_view(job: Job, *, with_tasks: bool) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "job_id": job.job_id,
+        "name": job.spec.name,
+        "tenant": job.spec.tenant,
+        "state": job.state,
+        "priority": job.spec.priority,
+        "submitted_at_ms": job.submitted_at_ms,
+        "array_size": job.spec.array_size,
+        "cancel_reason": job.cancel_reason,
+    }
+    if with_tasks:
+        view["tasks"] = [_task_view(task) for task in job.tasks]
+    return view
+
+
+def get(machine: StateMachine, job_id: str) -> dict[str, Any]:
+    return _job_view(_job(machine, job_id), with_tasks=True)
+
+
+def list_(
+    machine: StateMachine,
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    limit: int = 100,
+    after: str | None = None,
+) -> dict[str, Any]:
+    """Jobs in submission order, filtered, at most `limit`, starting after job `after`."""
+    if not 1 <= limit <= 1_000:
+        raise InvalidArgument(f"limit must be between 1 and 1000, got {limit}")
+    items: list[dict[str, Any]] = []
+    started = after is None
+    more = False
+    for job_id, job in machine.jobs.items():
+        if not started:
+            started = job_id == after
+            continue
+        if tenant is not None and job.spec.tenant != tenant:
+            continue
+        if state is not None and job.state != state:
+            continue
+        if len(items) == limit:
+            more = True
+            break
+        items.append(_job_view(job, with_tasks=False))
+    return {"items": items, "next": items[-1]["job_id"] if more else None}
