@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
-    "AlreadyExists",
     "CapacityExceeded",
     "CheckpointNotNewer",
     "ClusterUnavailable",
@@ -86,12 +85,6 @@ class CapacityExceeded(XrError):
 class NotFound(XrError):
     code = "not_found"
     http_status = 404
-    definite = True
-
-
-class AlreadyExists(XrError):
-    code = "already_exists"
-    http_status = 409
     definite = True
 
 

@@ -101,35 +101,34 @@ class StateMachine:
         the result, the same way on every replica; the index still advances."""
         if index <= self.index:
             raise AssertionError(f"entry {index} applied after entry {self.index}")
+        self.index = index
         self.effects = []
         try:
             envelope = entry if isinstance(entry, codec.Envelope) else codec.decode(entry)
         except XrError as error:
-            self.index = index
             return Applied(index=index, result=_failure(error))
         self._advance_time(envelope.now_ms)
         self._expire(index)
         command = envelope.command
+        client_id, seq = envelope.client_id, envelope.seq
+        # Commands that only read or move time have nothing to deduplicate.
         record = None
-        if envelope.client_id is not None and envelope.seq is not None:
+        if client_id is not None and seq is not None and command.records_result:
             try:
-                record = self._client(envelope.client_id)
-                stored = self._stored_result(record, envelope.seq)
+                record = self._client(client_id)
+                stored = self._stored_result(record, seq)
             except XrError as error:
-                self.index = index
                 return Applied(index=index, result=_failure(error), effects=self._take_effects())
             if stored is not None:
-                self.index = index
                 return Applied(
                     index=index, result=stored, effects=self._take_effects(), duplicate=True
                 )
-        self.index = index
         try:
             result = Result(value=HANDLERS[type(command)](self, command, index))
         except XrError as error:
             result = _failure(error)
-        if record is not None and envelope.seq is not None and command.records_result:
-            self._store_result(record, envelope.seq, result)
+        if record is not None and seq is not None:
+            self._store_result(record, seq, result)
         return Applied(index=index, result=result, effects=self._take_effects())
 
     def _take_effects(self) -> tuple[Effect, ...]:
