@@ -78,8 +78,9 @@ def _tuple_of(inner: Checker) -> Checker:
 
 def _mapping_of(inner: Checker) -> Checker:
     def check(field: str, value: Any) -> None:
-        if not isinstance(value, Mapping):
-            _fail(field, "a mapping", value)
+        # Exactly dict: the encoder writes dicts, not arbitrary mappings.
+        if type(value) is not dict:
+            _fail(field, "a dict", value)
         for key, item in value.items():
             if type(key) is not str:
                 _fail(f"{field} key", "a string", key)
@@ -147,8 +148,15 @@ class WireStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         """Rules beyond types; subclasses override and raise `InvalidArgument`."""
 
 
+def _utf8_size(field: str, value: str) -> int:
+    try:
+        return len(value.encode())
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{field} is not valid UTF-8 (it has a lone surrogate)") from None
+
+
 def check_bytes(field: str, value: str | bytes, maximum: int, *, empty: bool = False) -> None:
-    size = len(value.encode()) if isinstance(value, str) else len(value)
+    size = _utf8_size(field, value) if isinstance(value, str) else len(value)
     if size > maximum:
         raise PayloadTooLarge(f"{field} is {size} bytes, more than the maximum of {maximum}")
     if size == 0 and not empty:

@@ -64,6 +64,8 @@ _CommandUnion: Any = Union[COMMAND_TYPES]  # noqa: UP007 - built from a tuple at
 
 
 class _WireEnvelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The envelope as written."""
+
     v: int
     now_ms: int
     command: _CommandUnion
@@ -71,14 +73,28 @@ class _WireEnvelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     seq: int | None = None
 
 
+class _WireHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The envelope as read: the version is checked before the command is decoded, so an entry
+    of another version is reported as such and not as a broken version-1 command."""
+
+    v: int
+    now_ms: int
+    command: msgspec.Raw
+    client_id: str | None = None
+    seq: int | None = None
+
+
 class _Version(msgspec.Struct):
     v: Any = None
+    format: Any = None
 
 
-_envelope_decoder = msgspec.msgpack.Decoder(_WireEnvelope)
+_header_decoder = msgspec.msgpack.Decoder(_WireHeader)
+_command_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(_CommandUnion)
 _version_decoder = msgspec.msgpack.Decoder(_Version)
 _encoder = msgspec.msgpack.Encoder()
 _snapshot_decoder = msgspec.msgpack.Decoder(Snapshot)
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 def encode(envelope: Envelope) -> bytes:
@@ -97,11 +113,11 @@ def encode(envelope: Envelope) -> bytes:
     return data
 
 
-def _version_of(data: bytes) -> Any:
+def _version_of(data: bytes | memoryview) -> _Version:
     try:
-        return _version_decoder.decode(data).v
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return None
+        return _version_decoder.decode(data)
+    except _DECODE_ERRORS:
+        return _Version()
 
 
 def decode(data: bytes) -> Envelope:
@@ -111,20 +127,24 @@ def decode(data: bytes) -> Envelope:
     if len(data) > limits.ENVELOPE_BYTES_MAX:
         raise PayloadTooLarge(f"entry is {len(data)} bytes, more than {limits.ENVELOPE_BYTES_MAX}")
     try:
-        wire = _envelope_decoder.decode(data)
-    except XrError:
-        raise
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
-        version = _version_of(bytes(data))
+        header = _header_decoder.decode(data)
+    except _DECODE_ERRORS as error:
+        version = _version_of(data).v
         if version is not None and version != ENVELOPE_VERSION:
             raise UnsupportedVersion(f"envelope version {version!r} is not supported") from None
+        raise CodecError(f"malformed envelope: {error}") from None
+    if header.v != ENVELOPE_VERSION:
+        raise UnsupportedVersion(f"envelope version {header.v} is not supported")
+    try:
+        command = _command_decoder.decode(header.command)
+    except _DECODE_ERRORS as error:
         raise CodecError(f"malformed command: {error}") from None
     return Envelope(
-        v=wire.v,
-        now_ms=wire.now_ms,
-        command=wire.command,
-        client_id=wire.client_id,
-        seq=wire.seq,
+        v=header.v,
+        now_ms=header.now_ms,
+        command=command,
+        client_id=header.client_id,
+        seq=header.seq,
     )
 
 
@@ -133,12 +153,22 @@ def encode_snapshot(snapshot: Snapshot) -> bytes:
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
-    if not data.startswith(SNAPSHOT_MAGIC):
+    """Decodes a snapshot; raises only `CodecError` (or `UnsupportedVersion`)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CodecError(f"expected bytes, got {type(data).__name__}")
+    if not bytes(data[: len(SNAPSHOT_MAGIC)]) == SNAPSHOT_MAGIC:
         raise CodecError("not an xr snapshot (bad magic)")
+    body = memoryview(data)[len(SNAPSHOT_MAGIC) :]
+    version = _version_of(body).format
+    if version is not None and version != SNAPSHOT_FORMAT:
+        raise UnsupportedVersion(f"snapshot format {version!r} is not supported")
     try:
-        snapshot = _snapshot_decoder.decode(memoryview(data)[len(SNAPSHOT_MAGIC) :])
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
+        snapshot = _snapshot_decoder.decode(body)
+    except _DECODE_ERRORS as error:
         raise CodecError(f"malformed snapshot: {error}") from None
+    except XrError as error:
+        # A record inside the snapshot (a job spec) broke its own rules: the file is corrupt.
+        raise CodecError(f"malformed snapshot: {error.message}") from None
     if snapshot.format != SNAPSHOT_FORMAT:
         raise UnsupportedVersion(f"snapshot format {snapshot.format} is not supported")
     return snapshot

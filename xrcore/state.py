@@ -142,15 +142,16 @@ class StateMachine:
             self.now_ms = proposed_ms
 
     def _expire(self, index: int) -> None:
-        due_sessions: list[str] = []
+        # A dict as an ordered set: a renewal to the same deadline leaves two equal heap entries.
+        due_sessions: dict[str, None] = {}
         heap = self.session_deadlines
         while heap and heap[0][0] <= self.lease_clock_ms:
             deadline_ms, session_id = heapq.heappop(heap)
             session = self.sessions.get(session_id)
             if session is not None and session.deadline_ms == deadline_ms:
-                due_sessions.append(session_id)
+                due_sessions[session_id] = None
         if due_sessions:
-            sessions.end_sessions(self, due_sessions, index, reason="expired")
+            sessions.end_sessions(self, list(due_sessions), index, reason="expired")
         attempts = self.attempt_deadlines
         while attempts and attempts[0][0] <= self.lease_clock_ms:
             deadline_ms, job_id, task_index, token = heapq.heappop(attempts)

@@ -80,3 +80,13 @@ def test_many_keepalives__deadline_index_stays_bounded() -> None:
     for _ in range(1_000):
         driver.ok(SessionKeepAlive(session_id=session_id), advance_ms=10)
     assert len(driver.machine.session_deadlines) <= 2 * len(driver.machine.sessions) + 64
+
+
+def test_keepalive_to_the_same_deadline__session_expires_once() -> None:
+    # Found by the state-machine test: two equal entries in the deadline index ended the session
+    # twice in one entry.
+    driver = Driver()
+    session_id = driver.ok(SessionGrant(ttl_ms=1_000))["session_id"]
+    driver.ok(SessionKeepAlive(session_id=session_id))
+    applied = driver.apply(Tick(), advance_ms=1_000)
+    assert [effect.kind for effect in applied.effects] == ["session.ended"]
