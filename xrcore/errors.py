@@ -21,6 +21,7 @@ __all__ = [
     "InvalidTransition",
     "LeaderChanged",
     "LockNotHeld",
+    "MembershipChangeInProgress",
     "NotFound",
     "Overloaded",
     "PayloadTooLarge",
@@ -151,6 +152,14 @@ class ClusterUnavailable(XrError):
 
     code = "cluster.unavailable"
     http_status = 503
+    definite = True
+
+
+class MembershipChangeInProgress(XrError):
+    """A membership change was asked for while another has not yet committed."""
+
+    code = "cluster.membership_change_in_progress"
+    http_status = 409
     definite = True
 
 

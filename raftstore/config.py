@@ -1,0 +1,123 @@
+"""The configuration of one replica: addresses, files, and every pysyncobj timing option.
+
+Every pysyncobj option that affects timing or safety is set from here explicitly, so an upgrade of
+pysyncobj's defaults cannot change xr's behaviour unnoticed. `validate` names the field and the
+value of anything wrong.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from xrcore.errors import InvalidArgument
+
+__all__ = ["RaftConfig"]
+
+
+def _host_of(address: str) -> str:
+    host, separator, port = address.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"address {address!r} must be host:port")
+    return host
+
+
+def _is_loopback(address: str) -> bool:
+    host = _host_of(address)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaftConfig:
+    """One replica's Raft settings. Times are in seconds, as pysyncobj takes them."""
+
+    # This replica's Raft address and its peers' (host:port each).
+    self_address: str
+    peers: tuple[str, ...]
+    # Where the journal and the snapshot live; a restarted replica keeps its term, vote and log.
+    data_dir: Path
+    # pysyncobj's `password`: encrypts and authenticates Raft traffic. Required off loopback.
+    cluster_secret: str | None = None
+
+    # Election timeout bounds: a follower that hears nothing for a random time in this range
+    # starts an election. They bound failover time (about raft_max_timeout_s plus one round).
+    raft_min_timeout_s: float = 0.4
+    raft_max_timeout_s: float = 1.4
+    # The leader's heartbeat period when idle. Proposals do not wait for it: batching is off.
+    append_entries_period_s: float = 0.1
+    # A leader that hears from no quorum for this long steps down. pysyncobj's default is 30 s;
+    # xr never serves default reads from local state, so this only bounds how long an isolated
+    # leader keeps accepting proposals that will fail.
+    leader_fallback_timeout_s: float = 5.0
+    connection_timeout_s: float = 3.5
+    connection_retry_time_s: float = 1.0
+    # pysyncobj's own queue of commands; xr's bound on proposals in flight is below it.
+    commands_queue_size: int = 100_000
+    # Snapshot (log compaction) when the log has this many entries or is this old.
+    log_compaction_min_entries: int = 50_000
+    log_compaction_min_time_s: float = 600.0
+    # The tick driver's poll wait: how long pysyncobj may sleep when nothing happens.
+    tick_wait_s: float = 0.005
+
+    # xr's own settings.
+    # The leader proposes a tick this often, so the lease clock follows real time while the
+    # cluster commits. Must stay well below xrcore's Limits.lease_step_max_ms.
+    lease_tick_interval_s: float = 0.25
+    proposals_in_flight_max: int = 10_000
+    propose_timeout_s: float = 5.0
+    # Group commit: commands that arrive together are packed into one log entry.
+    group_commands_max: int = 512
+    group_bytes_max: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+                raise InvalidArgument(f"raft.{item.name} must be positive, got {value!r}")
+        _host_of(self.self_address)
+        for peer in self.peers:
+            _host_of(peer)
+        if self.self_address in self.peers:
+            raise InvalidArgument(f"raft.peers must not contain self_address {self.self_address!r}")
+        if len(set(self.peers)) != len(self.peers):
+            raise InvalidArgument(f"raft.peers has duplicates: {list(self.peers)}")
+        if self.raft_min_timeout_s >= self.raft_max_timeout_s:
+            raise InvalidArgument(
+                f"raft.raft_min_timeout_s ({self.raft_min_timeout_s}) must be below "
+                f"raft.raft_max_timeout_s ({self.raft_max_timeout_s})"
+            )
+        if self.append_entries_period_s * 2 > self.raft_min_timeout_s:
+            raise InvalidArgument(
+                f"raft.append_entries_period_s ({self.append_entries_period_s}) must be at most "
+                f"half of raft.raft_min_timeout_s ({self.raft_min_timeout_s}), or followers "
+                "start elections against a healthy leader"
+            )
+        if self.leader_fallback_timeout_s < self.raft_max_timeout_s:
+            raise InvalidArgument(
+                f"raft.leader_fallback_timeout_s ({self.leader_fallback_timeout_s}) must be at "
+                f"least raft.raft_max_timeout_s ({self.raft_max_timeout_s})"
+            )
+        off_loopback = [a for a in (self.self_address, *self.peers) if not _is_loopback(a)]
+        if off_loopback and not self.cluster_secret:
+            raise InvalidArgument(
+                f"raft.cluster_secret is required when Raft listens or connects off loopback "
+                f"({', '.join(off_loopback)}): without it anyone who reaches the port can run "
+                "code on this node"
+            )
+
+    @property
+    def journal_file(self) -> Path:
+        return self.data_dir / "raft.journal"
+
+    @property
+    def snapshot_file(self) -> Path:
+        return self.data_dir / "raft.snapshot"

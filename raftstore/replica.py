@@ -1,0 +1,155 @@
+"""The pysyncobj object that replicates xrcore's state machine.
+
+It exposes exactly one replicated method, `apply_group`, which takes the bytes of a group of
+encoded xrcore envelopes (group commit: commands that arrive together share one log entry) and
+applies them in order. pysyncobj numbers replicated methods by sorted name, so a second replicated
+method would be a wire-format change; there is none.
+
+Snapshots go through xrcore's codec, never pickle: the snapshot file holds xrcore's snapshot bytes
+and, beside them, pysyncobj's own log metadata (the last applied entries and the member set) in
+pysyncobj's encoding, which is what pysyncobj itself would have written.
+
+Threads: every method here runs on the tick driver's thread, except `read`, which any thread may
+call; `state_lock` keeps a read from seeing a group half applied.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import pysyncobj.pickle as pysyncobj_pickle
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.transport import Transport
+
+from raftstore.config import RaftConfig
+from xrcore import Applied, StateMachine
+from xrcore.errors import CodecError
+from xrcore.limits import DEFAULT_LIMITS, ENVELOPE_BYTES_MAX, Limits
+
+__all__ = ["GROUP_COMMANDS_MAX", "Replica", "decode_group", "encode_group"]
+
+T = TypeVar("T")
+
+# A log entry holds at most this many commands; a group beyond it is malformed.
+GROUP_COMMANDS_MAX = 4_096
+SNAPSHOT_MAGIC = b"xr-raft-snapshot-1\n"
+
+
+_group_encoder = msgspec.msgpack.Encoder()
+_group_decoder = msgspec.msgpack.Decoder(list[bytes])
+
+
+def encode_group(entries: list[bytes]) -> bytes:
+    return _group_encoder.encode(entries)
+
+
+def decode_group(data: bytes) -> list[bytes]:
+    """The encoded envelopes of a group; `CodecError` if it is not a list of byte strings."""
+    try:
+        entries = _group_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise CodecError(f"malformed command group: {error}") from None
+    if len(entries) > GROUP_COMMANDS_MAX:
+        raise CodecError(f"a group holds at most {GROUP_COMMANDS_MAX} commands")
+    if any(len(entry) > ENVELOPE_BYTES_MAX for entry in entries):
+        raise CodecError(f"a command in a group is over {ENVELOPE_BYTES_MAX} bytes")
+    return entries
+
+
+class Replica(SyncObj):
+    """One member of the Raft group, holding one `StateMachine`."""
+
+    def __init__(
+        self,
+        config: RaftConfig,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        transport: Transport | None = None,
+        on_applied: Callable[[list[Applied]], None] | None = None,
+    ) -> None:
+        # Set before SyncObj.__init__, which may load a snapshot and replay the journal.
+        self.machine = StateMachine(limits)
+        self.state_lock = threading.Lock()
+        self.on_applied = on_applied
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = SyncObjConf(
+            autoTick=False,
+            appendEntriesUseBatch=False,
+            journalFile=str(config.journal_file),
+            fullDumpFile=str(config.snapshot_file),
+            serializer=self._write_snapshot,
+            deserializer=self._read_snapshot,
+            password=config.cluster_secret,
+            raftMinTimeout=config.raft_min_timeout_s,
+            raftMaxTimeout=config.raft_max_timeout_s,
+            appendEntriesPeriod=config.append_entries_period_s,
+            leaderFallbackTimeout=config.leader_fallback_timeout_s,
+            connectionTimeout=config.connection_timeout_s,
+            connectionRetryTime=config.connection_retry_time_s,
+            commandsQueueSize=config.commands_queue_size,
+            logCompactionMinEntries=config.log_compaction_min_entries,
+            logCompactionMinTime=config.log_compaction_min_time_s,
+            logCompactionSplit=False,
+            commandsWaitLeader=True,
+            dynamicMembershipChange=True,
+            useFork=False,
+            bindAddress=None,
+        )
+        super().__init__(
+            config.self_address,
+            list(config.peers),
+            conf,
+            transport=transport,
+        )
+
+    @replicated
+    def apply_group(self, group: bytes) -> list[Applied]:
+        """Applies each command of a group, in order, at consecutive xrcore indexes."""
+        try:
+            entries = decode_group(group)
+        except CodecError:
+            # Every replica rejects the same malformed group the same way: nothing applied.
+            return []
+        with self.state_lock:
+            machine = self.machine
+            results = [machine.apply(entry, machine.index + 1) for entry in entries]
+        if self.on_applied is not None:
+            self.on_applied(results)
+        return results
+
+    def propose_group(self, group: bytes, callback: Callable[[Any, int], None]) -> None:
+        """Proposes a group; `callback(results, reason)` runs on the tick thread once it is
+        applied here, or has failed. pysyncobj's decorator adds the `callback` argument."""
+        self.apply_group(group, callback=callback)  # type: ignore[call-arg]
+
+    def read(self, query: Callable[[StateMachine], T]) -> T:
+        with self.state_lock:
+            return query(self.machine)
+
+    # Snapshots.
+
+    def _write_snapshot(self, path: str, raft_data: Any) -> None:
+        with self.state_lock:
+            state = self.machine.snapshot()
+        meta = pysyncobj_pickle.dumps(raft_data)
+        with Path(path).open("wb") as file:
+            file.write(SNAPSHOT_MAGIC)
+            file.write(len(meta).to_bytes(8, "big"))
+            file.write(meta)
+            file.write(state)
+
+    def _read_snapshot(self, path: str) -> Any:
+        data = Path(path).read_bytes()
+        if not data.startswith(SNAPSHOT_MAGIC):
+            raise CodecError(f"{path} is not an xr raft snapshot")
+        offset = len(SNAPSHOT_MAGIC)
+        size = int.from_bytes(data[offset : offset + 8], "big")
+        meta = pysyncobj_pickle.loads(data[offset + 8 : offset + 8 + size])
+        machine = StateMachine.restore(data[offset + 8 + size :])
+        with self.state_lock:
+            self.machine = machine
+        return meta

@@ -1,0 +1,342 @@
+"""`RaftStore`: the replicated state machine as seen from asyncio.
+
+Rules:
+- One thread, the tick driver, runs pysyncobj (`autoTick=False`); everything else happens on the
+  event loop. Completions cross back with `loop.call_soon_threadsafe`.
+- Group commit: proposals that arrive while earlier groups are in flight are packed into one log
+  entry, so a lone write goes out at once (pysyncobj's batching is off) and a busy node writes few,
+  large entries. At most `groups_in_flight_max` groups are in flight.
+- Every proposal has a deadline and the number in flight is bounded (`Overloaded` beyond it).
+- Errors say whether the command may have been applied: pysyncobj's LEADER_CHANGED,
+  UNKNOWN_OUTCOME and DISCARDED, and timeouts, are indefinite; the rest are definite.
+- A default read waits for a barrier committed through the log after the read began, then reads
+  local state; reads that arrive together share one barrier (they ride in the next group). A
+  `stale` read reads local state at once and says so.
+- While it leads with a quorum, the replica proposes a tick every `lease_tick_interval_s`, so the
+  lease clock follows real time while the cluster commits and stands still while it does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import msgspec
+from pysyncobj import FAIL_REASON
+from pysyncobj.transport import Transport
+
+from raftstore.clock import Clock, RealClock
+from raftstore.config import RaftConfig
+from raftstore.replica import Replica, encode_group
+from xrcore import Applied, Envelope, StateMachine, encode
+from xrcore.commands import Command, Tick
+from xrcore.errors import (
+    ClusterUnavailable,
+    InvalidArgument,
+    LeaderChanged,
+    MembershipChangeInProgress,
+    Overloaded,
+    Timeout,
+    UnknownOutcome,
+    XrError,
+)
+from xrcore.limits import DEFAULT_LIMITS, Limits
+
+__all__ = ["RaftStore", "ReadResult"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+GROUPS_IN_FLIGHT_MAX = 4
+
+
+class ReadResult(msgspec.Struct, frozen=True, kw_only=True):
+    value: Any
+    # The xrcore index the read saw, and whether it may be stale (read without a barrier).
+    index: int
+    stale: bool
+
+
+def _error_for(reason: int) -> XrError:
+    if reason == FAIL_REASON.QUEUE_FULL:
+        return Overloaded("the Raft command queue is full; retry later")
+    if reason in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER):
+        return ClusterUnavailable("no leader is reachable; nothing was proposed")
+    if reason == FAIL_REASON.REQUEST_DENIED:
+        return ClusterUnavailable("the leader refused the request; nothing was applied")
+    if reason in (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.DISCARDED):
+        return LeaderChanged("the leader changed before the command was known to commit")
+    return UnknownOutcome(f"the outcome is unknown (pysyncobj reason {reason})")
+
+
+class _Pending:
+    """A proposal or a read waiting for its group to commit."""
+
+    __slots__ = ("entry", "future")
+
+    def __init__(self, entry: bytes | None, future: asyncio.Future[Applied | None]) -> None:
+        self.entry = entry
+        self.future = future
+
+
+class RaftStore:
+    def __init__(
+        self,
+        config: RaftConfig,
+        *,
+        clock: Clock | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        transport: Transport | None = None,
+        tick_driver: bool = True,
+    ) -> None:
+        self.config = config
+        self.clock = clock or RealClock()
+        self.replica = Replica(config, limits=limits, transport=transport)
+        self._tick_driver = tick_driver
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[_Pending] = []
+        self._in_flight_commands = 0
+        self._groups_in_flight = 0
+        self._flush_scheduled = False
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._membership_change: str | None = None
+
+    # Life cycle.
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._running = True
+        if self._tick_driver:
+            self._thread = threading.Thread(
+                target=self._drive, name=f"raft-{self.config.self_address}", daemon=True
+            )
+            self._thread.start()
+        self._ticker = asyncio.create_task(self._lease_ticks())
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        self.replica.destroy()
+        for pending in self._pending:
+            if not pending.future.done():
+                pending.future.set_exception(ClusterUnavailable("the store is stopping"))
+        self._pending.clear()
+
+    def _drive(self) -> None:
+        wait_s = self.config.tick_wait_s
+        while self._running:
+            try:
+                self.replica.doTick(wait_s)
+            except Exception:  # pragma: no cover - a bug in pysyncobj or xr; keep the node up
+                log.exception("raft tick failed")
+
+    async def _lease_ticks(self) -> None:
+        interval_s = self.config.lease_tick_interval_s
+        while self._running:
+            await asyncio.sleep(interval_s)
+            if self.is_leader and self.replica.hasQuorum:
+                with contextlib.suppress(XrError):
+                    await self.propose(Tick(), timeout_s=interval_s * 4)
+
+    # Proposals.
+
+    async def propose(
+        self,
+        command: Command,
+        *,
+        client_id: str | None = None,
+        seq: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Applied:
+        """Replicates a command and returns what applying it did (its result may hold a typed
+        error from the state machine). Raises `XrError` when replication itself failed."""
+        entry = encode(
+            Envelope(command=command, now_ms=self.clock.now_ms(), client_id=client_id, seq=seq)
+        )
+        applied = await self._submit(entry, timeout_s)
+        assert applied is not None
+        return applied
+
+    async def _submit(self, entry: bytes | None, timeout_s: float | None) -> Applied | None:
+        if self._loop is None or not self._running:
+            raise ClusterUnavailable("the store is not running")
+        if self._in_flight_commands >= self.config.proposals_in_flight_max:
+            raise Overloaded(
+                f"{self._in_flight_commands} proposals are in flight, the maximum; retry later"
+            )
+        future: asyncio.Future[Applied | None] = self._loop.create_future()
+        self._pending.append(_Pending(entry, future))
+        self._in_flight_commands += 1
+        self._schedule_flush()
+        deadline_s = self.config.propose_timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), deadline_s)
+        except TimeoutError:
+            raise Timeout(
+                f"no answer within {deadline_s} s; the command may or may not be applied"
+            ) from None
+        finally:
+            self._in_flight_commands -= 1
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        while self._pending and self._groups_in_flight < GROUPS_IN_FLIGHT_MAX:
+            group = self._take_group()
+            self._groups_in_flight += 1
+            entries = [pending.entry for pending in group if pending.entry is not None]
+            callback = self._completion_callback(group)
+            self.replica.propose_group(encode_group(entries), callback)
+
+    def _take_group(self) -> list[_Pending]:
+        limit_count = self.config.group_commands_max
+        limit_bytes = self.config.group_bytes_max
+        size = 0
+        taken = 0
+        for pending in self._pending:
+            entry_size = 0 if pending.entry is None else len(pending.entry)
+            if taken and (taken >= limit_count or size + entry_size > limit_bytes):
+                break
+            size += entry_size
+            taken += 1
+        group, self._pending = self._pending[:taken], self._pending[taken:]
+        return group
+
+    def _completion_callback(self, group: list[_Pending]) -> Callable[[Any, int], None]:
+        loop = self._loop
+        assert loop is not None
+
+        def on_commit(results: Any, reason: int) -> None:
+            # Runs on the tick driver's thread.
+            loop.call_soon_threadsafe(self._complete, group, results, reason)
+
+        return on_commit
+
+    def _complete(self, group: list[_Pending], results: Any, reason: int) -> None:
+        self._groups_in_flight -= 1
+        if reason == FAIL_REASON.SUCCESS:
+            applied = iter(results)
+            for pending in group:
+                value = None if pending.entry is None else next(applied)
+                if not pending.future.done():
+                    pending.future.set_result(value)
+        else:
+            for pending in group:
+                if not pending.future.done():
+                    pending.future.set_exception(_error_for(reason))
+        if self._pending:
+            self._schedule_flush()
+
+    # Reads.
+
+    async def read(
+        self,
+        query: Callable[[StateMachine], T],
+        *,
+        consistency: Literal["linearizable", "stale"] = "linearizable",
+        timeout_s: float | None = None,
+    ) -> ReadResult:
+        if consistency not in ("linearizable", "stale"):
+            raise InvalidArgument(f"consistency must be linearizable or stale, not {consistency!r}")
+        if consistency == "linearizable":
+            await self._submit(None, timeout_s)
+        value, index = self.replica.read(lambda machine: (query(machine), machine.index))
+        return ReadResult(value=value, index=index, stale=consistency == "stale")
+
+    # Status and administration.
+
+    @property
+    def is_leader(self) -> bool:
+        return bool(self.replica._isLeader())
+
+    def status(self) -> dict[str, Any]:
+        raw = self.replica.getStatus()
+        leader = raw["leader"]
+        members = []
+        for peer in self.config.peers:
+            members.append(
+                {
+                    "address": peer,
+                    "connected": raw.get(f"partner_node_status_server_{peer}", 0) == 2,
+                    "match_index": raw.get(f"match_idx_server_{peer}"),
+                }
+            )
+        return {
+            "self": self.config.self_address,
+            "state": {0: "follower", 1: "candidate", 2: "leader"}.get(raw["state"], "unknown"),
+            "leader": None if leader is None else str(leader),
+            "has_quorum": bool(raw["has_quorum"]),
+            "term": raw["raft_term"],
+            "commit_index": raw["commit_idx"],
+            "applied_index": raw["last_applied"],
+            "log_length": raw["log_len"],
+            "machine_index": self.replica.read(lambda machine: machine.index),
+            "members": members,
+        }
+
+    async def transfer_leadership(self, address: str, *, timeout_s: float = 5.0) -> None:
+        if address not in self.config.peers:
+            raise InvalidArgument(f"{address!r} is not a member of this cluster")
+        if not self.is_leader:
+            raise ClusterUnavailable("only the leader can transfer leadership")
+        await self._admin(lambda callback: self.replica.transferLeadership(address, callback))
+
+    async def add_member(self, address: str) -> None:
+        """Adds a member. One change at a time: pysyncobj accepts back-to-back changes, which can
+        leave two disjoint majorities, so a second change is refused until the first commits."""
+        await self._change_membership("add", address)
+
+    async def remove_member(self, address: str) -> None:
+        await self._change_membership("remove", address)
+
+    async def _change_membership(self, action: str, address: str) -> None:
+        if self._membership_change is not None:
+            raise MembershipChangeInProgress(
+                f"{self._membership_change} has not committed yet; retry when it has"
+            )
+        if not self.is_leader:
+            raise ClusterUnavailable("membership changes are made on the leader")
+        self._membership_change = f"{action} {address}"
+        try:
+            if action == "add":
+                await self._admin(lambda done: self.replica.addNodeToCluster(address, done))
+            else:
+                await self._admin(lambda done: self.replica.removeNodeFromCluster(address, done))
+        finally:
+            self._membership_change = None
+
+    async def _admin(self, call: Callable[[Callable[[Any, int], None]], Any]) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def done(result: Any, reason: int) -> None:
+            def settle() -> None:
+                if future.done():
+                    return
+                if reason == FAIL_REASON.SUCCESS:
+                    future.set_result(None)
+                else:
+                    future.set_exception(_error_for(reason))
+
+            loop.call_soon_threadsafe(settle)
+
+        call(done)
+        try:
+            await asyncio.wait_for(future, self.config.propose_timeout_s)
+        except TimeoutError:
+            raise Timeout("no answer to the administrative request") from None

@@ -1,0 +1,232 @@
+"""RaftStore with real pysyncobj TCP transport, three members in one process on loopback.
+
+These cover the asyncio bridge: proposals from any member, group commit, linearizable and stale
+reads, overload and deadlines, leader ticks, restart from the data directory, snapshots and
+one-at-a-time membership changes. Partitions and crashes are covered deterministically by the
+simulator in tests/sim; real processes and kill -9 by tests/raftstore/test_processes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from raftstore.config import RaftConfig
+from raftstore.store import RaftStore
+from xrcore import errors, kv
+from xrcore.commands import KvPut
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+WAIT_S = 20.0
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for item in sockets:
+            item.bind(("127.0.0.1", 0))
+        return [item.getsockname()[1] for item in sockets]
+    finally:
+        for item in sockets:
+            item.close()
+
+
+def _configs(data_dir: Path, count: int = 3, **overrides: object) -> list[RaftConfig]:
+    addresses = [f"127.0.0.1:{port}" for port in _free_ports(count)]
+    return [
+        RaftConfig(
+            self_address=address,
+            peers=tuple(other for other in addresses if other != address),
+            data_dir=data_dir / f"member-{position}",
+            **overrides,  # type: ignore[arg-type]
+        )
+        for position, address in enumerate(addresses)
+    ]
+
+
+async def _eventually(check: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = check()
+        if value is not None and value is not False:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+async def _started(configs: list[RaftConfig]) -> list[RaftStore]:
+    stores = [RaftStore(config) for config in configs]
+    for store in stores:
+        await store.start()
+    return stores
+
+
+async def _leader(stores: list[RaftStore]) -> RaftStore:
+    return await _eventually(lambda: next((s for s in stores if s.is_leader), None))
+
+
+def _run(body: Callable[[list[RaftStore]], Awaitable[None]], configs: list[RaftConfig]) -> None:
+    async def main() -> None:
+        stores = await _started(configs)
+        try:
+            await _leader(stores)
+            await body(stores)
+        finally:
+            for store in stores:
+                await store.stop()
+
+    asyncio.run(main())
+
+
+def test_write_on_a_follower__is_forwarded_and_read_linearizably_elsewhere(
+    tmp_path: Path,
+) -> None:
+    async def body(stores: list[RaftStore]) -> None:
+        follower = next(store for store in stores if not store.is_leader)
+        applied = await follower.propose(KvPut(key="a", value=b"1"), client_id="c", seq=1)
+        assert applied.result.unwrap()["revision"] == 1
+        for store in stores:
+            read = await store.read(lambda machine: kv.get(machine, "a")["value"])
+            assert (read.value, read.stale) == (b"1", False)
+
+    _run(body, _configs(tmp_path))
+
+
+def test_retried_write__applies_once(tmp_path: Path) -> None:
+    async def body(stores: list[RaftStore]) -> None:
+        first = await stores[0].propose(KvPut(key="a", value=b"1"), client_id="c", seq=7)
+        again = await stores[1].propose(KvPut(key="a", value=b"1"), client_id="c", seq=7)
+        assert again.duplicate and again.result == first.result
+        read = await stores[2].read(lambda machine: machine.revision)
+        assert read.value == 1
+
+    _run(body, _configs(tmp_path))
+
+
+def test_concurrent_writes__are_grouped_into_fewer_log_entries(tmp_path: Path) -> None:
+    async def body(stores: list[RaftStore]) -> None:
+        leader = await _leader(stores)
+        before = leader.status()["commit_index"]
+        count = 400
+        results = await asyncio.gather(
+            *(leader.propose(KvPut(key=f"k{n}", value=b"v")) for n in range(count))
+        )
+        assert all(applied.result.ok for applied in results)
+        entries = leader.status()["commit_index"] - before
+        assert entries < count
+
+    _run(body, _configs(tmp_path))
+
+
+def test_stale_read__answers_without_quorum_and_says_so(tmp_path: Path) -> None:
+    # A lone member of a three-member cluster never has a quorum.
+    (config, *_) = _configs(tmp_path)
+
+    async def main() -> None:
+        (store,) = await _started([config])
+        try:
+            stale = await store.read(lambda machine: machine.index, consistency="stale")
+            assert stale.stale is True
+            with pytest.raises(errors.Timeout) as raised:
+                await store.read(lambda machine: machine.index, timeout_s=0.5)
+            assert raised.value.definite is False
+            with pytest.raises(errors.Timeout):
+                await store.propose(KvPut(key="a", value=b""), timeout_s=0.5)
+        finally:
+            await store.stop()
+
+    asyncio.run(main())
+
+
+def test_proposals_in_flight_beyond_the_maximum__are_overloaded(tmp_path: Path) -> None:
+    (config, *_) = _configs(tmp_path, proposals_in_flight_max=2)
+
+    async def main() -> None:
+        (store,) = await _started([config])
+        try:
+            waiting = [
+                asyncio.create_task(store.propose(KvPut(key="a", value=b""), timeout_s=1.0))
+                for _ in range(2)
+            ]
+            await asyncio.sleep(0)
+            with pytest.raises(errors.Overloaded) as raised:
+                await store.propose(KvPut(key="a", value=b""))
+            assert raised.value.definite is True
+            for task in waiting:
+                with pytest.raises(errors.Timeout):
+                    await task
+        finally:
+            await store.stop()
+
+    asyncio.run(main())
+
+
+def test_leader_ticks__move_the_lease_clock_while_the_cluster_commits(tmp_path: Path) -> None:
+    async def body(stores: list[RaftStore]) -> None:
+        start = (await stores[0].read(lambda machine: machine.lease_clock_ms)).value
+        await asyncio.sleep(1.5)
+        later = (await stores[0].read(lambda machine: machine.lease_clock_ms)).value
+        assert later > start
+
+    _run(body, _configs(tmp_path, lease_tick_interval_s=0.1))
+
+
+def test_restart_from_data_directories__keeps_every_write(tmp_path: Path) -> None:
+    configs = _configs(tmp_path)
+
+    async def write(stores: list[RaftStore]) -> None:
+        for n in range(20):
+            await stores[n % 3].propose(KvPut(key=f"k{n}", value=bytes([n])))
+
+    async def check(stores: list[RaftStore]) -> None:
+        for store in stores:
+            read = await store.read(lambda machine: sorted(machine.keys))
+            assert read.value == sorted(f"k{n}" for n in range(20))
+
+    _run(write, configs)
+    _run(check, configs)
+
+
+def test_snapshot_then_restart__state_is_the_same(tmp_path: Path) -> None:
+    configs = _configs(tmp_path)
+    seen: dict[str, bytes] = {}
+
+    async def write_and_compact(stores: list[RaftStore]) -> None:
+        for n in range(10):
+            await stores[0].propose(KvPut(key=f"k{n}", value=b"x"))
+        for store in stores:
+            store.replica.forceLogCompaction()
+        await _eventually(lambda: all(config.snapshot_file.exists() for config in configs))
+        await stores[0].read(lambda machine: None)
+        seen["keys"] = b"".join(key.encode() for key in sorted(stores[0].replica.machine.keys))
+
+    async def check(stores: list[RaftStore]) -> None:
+        for store in stores:
+            keys = (await store.read(lambda machine: sorted(machine.keys))).value
+            assert b"".join(key.encode() for key in keys) == seen["keys"]
+
+    _run(write_and_compact, configs)
+    _run(check, configs)
+
+
+def test_second_membership_change__refused_until_the_first_commits(tmp_path: Path) -> None:
+    configs = _configs(tmp_path)
+    spare_a, spare_b = (f"127.0.0.1:{port}" for port in _free_ports(2))
+
+    async def body(stores: list[RaftStore]) -> None:
+        leader = await _leader(stores)
+        first = asyncio.create_task(leader.add_member(spare_a))
+        await asyncio.sleep(0)
+        with pytest.raises(errors.MembershipChangeInProgress):
+            await leader.add_member(spare_b)
+        first.cancel()
+
+    _run(body, configs)
