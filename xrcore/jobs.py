@@ -1,8 +1,8 @@
 """Jobs, their tasks and attempts: the lifecycle as a table, fenced by attempt tokens.
 
 A job has one task per array index. A task is placed in a region (assign), started there by an
-executor (claim, which creates an attempt whose token is the claiming entry's log index and whose
-lease the executor renews with heartbeats), and ends in exactly one terminal state. Every update
+executor (claim, which creates an attempt with a new fencing token and a lease that the executor
+renews with heartbeats), and ends in exactly one terminal state. Every update
 from an executor carries its attempt's token; an update with any other token is from a stale
 attempt (a zombie) and is rejected without changing anything. An attempt whose lease runs out on
 the lease clock is ended by the state machine and its task goes back to pending, keeping its last
@@ -223,10 +223,11 @@ def claim(machine: StateMachine, command: TaskClaim, index: int) -> dict[str, An
             f"not {command.region!r}"
         )
     deadline_ms = machine.lease_clock_ms + command.lease_ttl_ms
+    token = machine.issue_token()
     restored = task.checkpoint
     attempt = Attempt(
         number=len(task.attempts) + 1,
-        token=index,
+        token=token,
         region=command.region,
         executor_id=command.executor_id,
         started_at_ms=machine.now_ms,
@@ -236,11 +237,11 @@ def claim(machine: StateMachine, command: TaskClaim, index: int) -> dict[str, An
     )
     task.attempts.append(attempt)
     _move(machine, task, target)
-    machine.watch_attempt(deadline_ms, job.job_id, task.index, index)
+    machine.watch_attempt(deadline_ms, job.job_id, task.index, token)
     return {
         "job_id": job.job_id,
         "task_index": task.index,
-        "token": index,
+        "token": token,
         "attempt": attempt.number,
         "checkpoint": None if restored is None else _checkpoint_view(restored),
     }

@@ -1,7 +1,8 @@
 """Fenced distributed locks with FIFO wait queues.
 
-A lock is held by a session. Its fencing token is the log index of the entry that granted it, so
-tokens of one lock strictly increase (each entry grants a given lock at most once). Releasing a
+A lock is held by a session. Its fencing token comes from the state machine's one sequence of
+tokens, so the tokens of one lock strictly increase across grants, hand-offs and re-creation of
+the lock, even when one entry grants a lock twice. Releasing a
 lock, or the end of its holder's session, hands it to the first waiter in the same entry. A
 resource protected by a lock remembers the highest token it has accepted and rejects lower ones;
 `validate` answers through the log whether a token is still the current grant.
@@ -48,7 +49,10 @@ def acquire(machine: StateMachine, command: LockAcquire, index: int) -> dict[str
         if len(machine.locks) >= machine.limits.locks_max:
             raise CapacityExceeded(f"the maximum of {machine.limits.locks_max} locks is reached")
         lock = Lock(
-            name=command.name, holder=session.session_id, token=index, granted_at_ms=machine.now_ms
+            name=command.name,
+            holder=session.session_id,
+            token=machine.issue_token(),
+            granted_at_ms=machine.now_ms,
         )
         machine.locks[command.name] = lock
         session.locks.append(command.name)
@@ -97,10 +101,10 @@ def hand_on(machine: StateMachine, lock: Lock, index: int) -> None:
         del machine.locks[lock.name]
         return
     lock.holder = lock.waiters.pop(0)
-    lock.token = index
+    lock.token = machine.issue_token()
     lock.granted_at_ms = machine.now_ms
     machine.effects.append(
-        Effect(kind="lock.granted", name=lock.name, session_id=lock.holder, token=index)
+        Effect(kind="lock.granted", name=lock.name, session_id=lock.holder, token=lock.token)
     )
 
 

@@ -216,6 +216,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
     index: int
     now_ms: int
     lease_clock_ms: int
+    fencing_token: int
     revision: int
     keys: dict[str, KeyRecord]
     history: list[KvEvent]

@@ -9,6 +9,8 @@ Rules every replica relies on:
   (no leader, lost quorum, paused leader, a skewed clock) never counts against a lease.
 - Expiry happens only here, in log order, when the lease clock passes a deadline: every replica
   expires the same sessions and attempts at the same index.
+- Fencing tokens (lock grants, job attempts) come from one replicated sequence, so they strictly
+  increase per resource even when one entry grants the same lock twice.
 - A handler checks everything before it mutates anything, so a command that fails changes nothing.
 - Every write with `(client_id, seq)` is applied at most once; a retry gets the stored result.
 """
@@ -75,6 +77,8 @@ class StateMachine:
         self.index = 0
         self.now_ms = 0
         self.lease_clock_ms = 0
+        # The last fencing token issued (lock grants and job attempts share one sequence).
+        self.fencing_token = 0
         # KV.
         self.revision = 0
         self.keys: dict[str, kv.KeyRecord] = {}
@@ -157,6 +161,13 @@ class StateMachine:
             deadline_ms, job_id, task_index, token = heapq.heappop(attempts)
             jobs.expire_attempt(self, job_id, task_index, token, deadline_ms)
 
+    def issue_token(self) -> int:
+        """A fencing token greater than every token issued before. One entry may grant the same
+        lock twice (an expiry hands it on, then the command releases it again), so tokens are a
+        sequence of their own rather than the entry's index."""
+        self.fencing_token += 1
+        return self.fencing_token
+
     # Deadlines, pruned of stale entries when they grow past twice the live ones.
 
     def watch_session(self, deadline_ms: int, session_id: str) -> None:
@@ -233,6 +244,7 @@ class StateMachine:
                 index=self.index,
                 now_ms=self.now_ms,
                 lease_clock_ms=self.lease_clock_ms,
+                fencing_token=self.fencing_token,
                 revision=self.revision,
                 keys=self.keys,
                 history=list(self.history),
@@ -252,6 +264,7 @@ class StateMachine:
         machine.index = snapshot.index
         machine.now_ms = snapshot.now_ms
         machine.lease_clock_ms = snapshot.lease_clock_ms
+        machine.fencing_token = snapshot.fencing_token
         machine.revision = snapshot.revision
         machine.keys = snapshot.keys
         machine.sorted_keys = sorted(snapshot.keys)

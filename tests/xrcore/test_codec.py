@@ -89,9 +89,9 @@ CLIENT_ID = "client-7"
 SESSION_ID = "s1"
 REGION = "eu-west"
 JOB_ID = "job-3"
-ATTEMPT_TOKEN = 5
+ATTEMPT_TOKEN = 1
 LOCK_NAME = "locks/leader"
-LOCK_TOKEN = 6
+LOCK_TOKEN = 2
 
 
 def _pack(value: Any) -> bytes:

@@ -68,10 +68,10 @@ def test_submit__array__creates_one_pending_task_per_index(driver: Driver) -> No
     assert {task["state"] for task in view["tasks"]} == {"pending"}
 
 
-def test_claim__creates_an_attempt_whose_token_is_the_log_index(driver: Driver) -> None:
+def test_claim__creates_an_attempt_with_a_new_fencing_token(driver: Driver) -> None:
     job_id = _submit(driver)
     token = _start(driver, job_id)
-    assert token == driver.index
+    assert token == driver.machine.fencing_token
     assert jobs.get(driver.machine, job_id)["state"] == "running"
 
 

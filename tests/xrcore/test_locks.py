@@ -23,11 +23,12 @@ def _sessions(driver: Driver, count: int, ttl_ms: int = 10_000) -> list[str]:
     return [driver.ok(SessionGrant(ttl_ms=ttl_ms))["session_id"] for _ in range(count)]
 
 
-def test_acquire__free_lock__granted_with_the_granting_log_index_as_token() -> None:
+def test_acquire__free_lock__granted_with_a_new_fencing_token() -> None:
     driver = Driver()
     (session,) = _sessions(driver, 1)
     grant = driver.ok(LockAcquire(name="L", session_id=session))
-    assert grant == {"name": "L", "granted": True, "token": driver.index, "holder": session}
+    assert grant == {"name": "L", "granted": True, "token": 1, "holder": session}
+    assert driver.machine.fencing_token == 1
 
 
 def test_acquire__held_lock_without_wait__is_not_granted_and_not_queued() -> None:
@@ -57,7 +58,7 @@ def test_release__hands_the_lock_to_waiters_in_fifo_order_with_increasing_tokens
     for _ in waiters:
         applied = driver.apply(LockRelease(name="L", session_id=order[-1]))
         (granted,) = [effect for effect in applied.effects if effect.kind == "lock.granted"]
-        assert granted.token == applied.index
+        assert granted.token == driver.machine.fencing_token
         order.append(granted.session_id)
         tokens.append(granted.token)
     assert order == [holder, *waiters]
@@ -95,9 +96,9 @@ def test_session_revoked__its_lock_passes_to_the_next_waiter() -> None:
     holder, waiter = _sessions(driver, 2)
     driver.ok(LockAcquire(name="L", session_id=holder))
     driver.ok(LockAcquire(name="L", session_id=waiter, wait=True))
-    applied = driver.apply(SessionRevoke(session_id=holder))
+    driver.apply(SessionRevoke(session_id=holder))
     assert locks.get(driver.machine, "L")["holder"] == waiter
-    assert locks.get(driver.machine, "L")["token"] == applied.index
+    assert locks.get(driver.machine, "L")["token"] == driver.machine.fencing_token
 
 
 def test_session_expired__its_lock_passes_on_and_old_token_is_invalid() -> None:
@@ -124,7 +125,7 @@ def test_holder_and_waiter_expire_in_one_entry__lock_goes_to_a_live_session_once
     applied = driver.apply(SessionKeepAlive(session_id=survivor), advance_ms=1_000)
     applied = driver.apply(SessionKeepAlive(session_id=survivor), advance_ms=1_000)
     grants = [effect for effect in applied.effects if effect.kind == "lock.granted"]
-    assert [(grant.session_id, grant.token) for grant in grants] == [(survivor, applied.index)]
+    assert [(grant.session_id, grant.token) for grant in grants] == [(survivor, 2)]
 
 
 def test_validate__current_token_is_valid_and_others_are_not() -> None:
@@ -157,6 +158,26 @@ def test_locks_per_session_max__is_enforced() -> None:
     driver.ok(LockAcquire(name="a", session_id=session))
     driver.ok(LockAcquire(name="b", session_id=session))
     assert driver.error(LockAcquire(name="c", session_id=session)) == "limit.capacity"
+
+
+def test_expiry_hands_on_and_the_new_holder_releases_in_one_entry__tokens_still_increase() -> None:
+    # Found by the state-machine test: the entry that expires the holder (handing the lock to
+    # the first waiter) carries that waiter's release (handing it to the second): two grants of
+    # one lock in one entry, which must still get distinct, increasing tokens.
+    driver = Driver()
+    (holder,) = _sessions(driver, 1, ttl_ms=1_000)
+    first, second = _sessions(driver, 2, ttl_ms=60_000)
+    driver.ok(LockAcquire(name="L", session_id=holder))
+    driver.ok(LockAcquire(name="L", session_id=first, wait=True))
+    driver.ok(LockAcquire(name="L", session_id=second, wait=True))
+    applied = driver.apply(LockRelease(name="L", session_id=first), advance_ms=1_000)
+    grants = [
+        (effect.session_id, effect.token)
+        for effect in applied.effects
+        if effect.kind == "lock.granted"
+    ]
+    assert grants == [(first, 2), (second, 3)]
+    assert locks.get(driver.machine, "L")["token"] == 3
 
 
 def test_lock_recreated_after_free__gets_a_higher_token() -> None:
