@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GROUPS_IN_FLIGHT_MAX = 4
+# A reason of our own, beside pysyncobj's FAIL_REASON values: the group's deadline passed.
+_GROUP_TIMED_OUT = -1
 
 
 class ReadResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,6 +85,19 @@ class _Pending:
         self.future = future
 
 
+class _Group:
+    """Proposals sent as one log entry. It is settled once: by pysyncobj's callback, or by its
+    deadline when pysyncobj never calls back (a forwarded command lost on a broken connection),
+    so a lost group cannot hold its slot forever."""
+
+    __slots__ = ("members", "settled", "timer")
+
+    def __init__(self, members: list[_Pending]) -> None:
+        self.members = members
+        self.settled = False
+        self.timer: asyncio.TimerHandle | None = None
+
+
 class RaftStore:
     def __init__(
         self,
@@ -100,7 +115,9 @@ class RaftStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[_Pending] = []
         self._in_flight_commands = 0
-        self._groups_in_flight = 0
+        self._groups: set[_Group] = set()
+        # Where the leader's stamps continue from: (replicated now_ms, monotonic s, term).
+        self._time_base: tuple[int, float, int] | None = None
         self._flush_scheduled = False
         self._running = False
         self._thread: threading.Thread | None = None
@@ -128,6 +145,8 @@ class RaftStore:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         self.replica.destroy()
+        for group in list(self._groups):
+            self._settle(group, None, FAIL_REASON.UNKNOWN_OUTCOME)
         for pending in self._pending:
             if not pending.future.done():
                 pending.future.set_exception(ClusterUnavailable("the store is stopping"))
@@ -162,11 +181,27 @@ class RaftStore:
         """Replicates a command and returns what applying it did (its result may hold a typed
         error from the state machine). Raises `XrError` when replication itself failed."""
         entry = encode(
-            Envelope(command=command, now_ms=self.clock.now_ms(), client_id=client_id, seq=seq)
+            Envelope(command=command, now_ms=self._stamp_ms(), client_id=client_id, seq=seq)
         )
         applied = await self._submit(entry, timeout_s)
         assert applied is not None
         return applied
+
+    def _stamp_ms(self) -> int:
+        """The time to stamp on a proposal. Only the leader moves replicated time: a follower
+        stamps the replicated time it has applied, so a follower's skewed clock changes nothing.
+        The leader stamps its wall clock, but never less than the replicated time it found on
+        taking office plus the time elapsed since on its monotonic clock, so a leader whose wall
+        clock is behind its predecessor's still moves the lease clock at the real rate."""
+        replicated_ms = self.replica.read(lambda machine: machine.now_ms)
+        if not self.is_leader:
+            return replicated_ms
+        term = self.replica.raftCurrentTerm
+        monotonic_s = self.clock.monotonic_s()
+        if self._time_base is None or self._time_base[2] != term:
+            self._time_base = (replicated_ms, monotonic_s, term)
+        base_ms, base_s, _ = self._time_base
+        return max(self.clock.now_ms(), base_ms + int((monotonic_s - base_s) * 1000))
 
     async def _submit(self, entry: bytes | None, timeout_s: float | None) -> Applied | None:
         if self._loop is None or not self._running:
@@ -196,12 +231,16 @@ class RaftStore:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        while self._pending and self._groups_in_flight < GROUPS_IN_FLIGHT_MAX:
-            group = self._take_group()
-            self._groups_in_flight += 1
-            entries = [pending.entry for pending in group if pending.entry is not None]
-            callback = self._completion_callback(group)
-            self.replica.propose_group(encode_group(entries), callback)
+        loop = self._loop
+        assert loop is not None
+        while self._pending and len(self._groups) < GROUPS_IN_FLIGHT_MAX:
+            group = _Group(self._take_group())
+            self._groups.add(group)
+            group.timer = loop.call_later(
+                self.config.propose_timeout_s, self._settle, group, None, _GROUP_TIMED_OUT
+            )
+            entries = [pending.entry for pending in group.members if pending.entry is not None]
+            self.replica.propose_group(encode_group(entries), self._completion_callback(group))
 
     def _take_group(self) -> list[_Pending]:
         limit_count = self.config.group_commands_max
@@ -217,28 +256,41 @@ class RaftStore:
         group, self._pending = self._pending[:taken], self._pending[taken:]
         return group
 
-    def _completion_callback(self, group: list[_Pending]) -> Callable[[Any, int], None]:
+    def _completion_callback(self, group: _Group) -> Callable[[Any, int], None]:
         loop = self._loop
         assert loop is not None
 
         def on_commit(results: Any, reason: int) -> None:
             # Runs on the tick driver's thread.
-            loop.call_soon_threadsafe(self._complete, group, results, reason)
+            loop.call_soon_threadsafe(self._settle, group, results, reason)
 
         return on_commit
 
-    def _complete(self, group: list[_Pending], results: Any, reason: int) -> None:
-        self._groups_in_flight -= 1
+    def _settle(self, group: _Group, results: Any, reason: int) -> None:
+        if group.settled:
+            return
+        group.settled = True
+        self._groups.discard(group)
+        if group.timer is not None:
+            group.timer.cancel()
+        commands = sum(1 for pending in group.members if pending.entry is not None)
+        if reason == FAIL_REASON.SUCCESS and len(results) != commands:
+            reason = FAIL_REASON.UNKNOWN_OUTCOME
         if reason == FAIL_REASON.SUCCESS:
             applied = iter(results)
-            for pending in group:
+            for pending in group.members:
                 value = None if pending.entry is None else next(applied)
                 if not pending.future.done():
                     pending.future.set_result(value)
         else:
-            for pending in group:
+            error = (
+                Timeout("the log entry was not answered in time; it may or may not be applied")
+                if reason == _GROUP_TIMED_OUT
+                else _error_for(reason)
+            )
+            for pending in group.members:
                 if not pending.future.done():
-                    pending.future.set_exception(_error_for(reason))
+                    pending.future.set_exception(error)
         if self._pending:
             self._schedule_flush()
 
@@ -286,6 +338,8 @@ class RaftStore:
             "applied_index": raw["last_applied"],
             "log_length": raw["log_len"],
             "machine_index": self.replica.read(lambda machine: machine.index),
+            "groups_in_flight": len(self._groups),
+            "proposals_in_flight": self._in_flight_commands,
             "members": members,
         }
 

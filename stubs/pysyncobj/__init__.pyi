@@ -14,6 +14,7 @@ class FAIL_REASON:
     NOT_LEADER: int
     LEADER_CHANGED: int
     REQUEST_DENIED: int
+    UNKNOWN_OUTCOME: int
 
 class SyncObjConf:
     def __init__(self, **kwargs: Any) -> None: ...

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import pytest
 
+from raftstore.clock import RealClock
 from raftstore.config import RaftConfig
 from raftstore.store import RaftStore
 from xrcore import errors, kv
@@ -230,3 +231,41 @@ def test_second_membership_change__refused_until_the_first_commits(tmp_path: Pat
         first.cancel()
 
     _run(body, configs)
+
+
+def test_groups_never_answered__release_their_slots_at_the_deadline(tmp_path: Path) -> None:
+    # Without a quorum pysyncobj never calls back; a forwarded command lost on a broken
+    # connection is the same. Each group must give its slot back when its deadline passes, or a
+    # few losses would stall the member for good.
+    (config, *_) = _configs(tmp_path, propose_timeout_s=0.3)
+
+    async def main() -> None:
+        (store,) = await _started([config])
+        try:
+            for _ in range(6):
+                with pytest.raises(errors.Timeout):
+                    await store.propose(KvPut(key="a", value=b""), timeout_s=5.0)
+            assert store.status()["groups_in_flight"] == 0
+        finally:
+            await store.stop()
+
+    asyncio.run(main())
+
+
+class _SkewedClock(RealClock):
+    def now_ms(self) -> int:
+        return super().now_ms() + 3_600_000
+
+
+def test_follower_with_a_clock_an_hour_ahead__does_not_move_replicated_time(
+    tmp_path: Path,
+) -> None:
+    async def body(stores: list[RaftStore]) -> None:
+        follower = next(store for store in stores if not store.is_leader)
+        follower.clock = _SkewedClock()
+        before = (await follower.read(lambda machine: machine.now_ms)).value
+        await follower.propose(KvPut(key="a", value=b""))
+        after = (await follower.read(lambda machine: machine.now_ms)).value
+        assert after - before < 600_000
+
+    _run(body, _configs(tmp_path))
