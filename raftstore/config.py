@@ -57,6 +57,10 @@ class RaftConfig:
     leader_fallback_timeout_s: float = 5.0
     connection_timeout_s: float = 3.5
     connection_retry_time_s: float = 1.0
+    # Entries larger than this are sent in chunks, and pysyncobj 0.3.17 computes the end of a
+    # chunked entry from the command's length rather than the pickled entry's, so followers
+    # fail to unpickle it until the next chunk. Large enough that groups are never chunked.
+    append_entries_batch_bytes: int = 16 << 20
     # pysyncobj's own queue of commands; xr's bound on proposals in flight is below it.
     commands_queue_size: int = 100_000
     # Snapshot (log compaction) when the log has this many entries or is this old.
@@ -105,6 +109,12 @@ class RaftConfig:
             raise InvalidArgument(
                 f"raft.leader_fallback_timeout_s ({self.leader_fallback_timeout_s}) must be at "
                 f"least raft.raft_max_timeout_s ({self.raft_max_timeout_s})"
+            )
+        if self.group_bytes_max * 4 > self.append_entries_batch_bytes:
+            raise InvalidArgument(
+                f"raft.group_bytes_max ({self.group_bytes_max}) must be at most a quarter of "
+                f"raft.append_entries_batch_bytes ({self.append_entries_batch_bytes}): pickling "
+                "can double an entry twice, and chunked entries hit a pysyncobj bug"
             )
         off_loopback = [a for a in (self.self_address, *self.peers) if not _is_loopback(a)]
         if off_loopback and not self.cluster_secret:

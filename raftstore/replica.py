@@ -26,6 +26,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import Transport
 
 from raftstore.config import RaftConfig
+from raftstore.guards import keep_matching_entries
 from xrcore import Applied, StateMachine
 from xrcore.errors import CodecError
 from xrcore.limits import DEFAULT_LIMITS, ENVELOPE_BYTES_MAX, Limits
@@ -60,6 +61,40 @@ def decode_group(data: bytes) -> list[bytes]:
     return entries
 
 
+class _IncomingSnapshot:
+    """The start of the snapshot a leader is streaming to this replica: enough of it to read
+    the raft entry it ends at, which `_write_snapshot` puts in its header."""
+
+    # A header larger than this (two log entries of the largest groups) is not read.
+    PREFIX_BYTES_MAX = 4 * (1 << 20)
+
+    def __init__(self) -> None:
+        self.prefix = bytearray()
+
+    def add(self, data: bytes, *, first: bool) -> None:
+        if first:
+            self.prefix = bytearray()
+        if len(self.prefix) < self.PREFIX_BYTES_MAX:
+            self.prefix += data[: self.PREFIX_BYTES_MAX - len(self.prefix)]
+
+    def last_entry(self) -> tuple[int, int] | None:
+        """The raft index and term of the last entry the snapshot holds; None if they cannot be
+        read."""
+        prefix = bytes(self.prefix)
+        self.prefix = bytearray()
+        offset = len(SNAPSHOT_MAGIC)
+        if not prefix.startswith(SNAPSHOT_MAGIC) or len(prefix) < offset + 8:
+            return None
+        size = int.from_bytes(prefix[offset : offset + 8], "big")
+        if len(prefix) < offset + 8 + size:
+            return None
+        try:
+            meta = pysyncobj_pickle.loads(prefix[offset + 8 : offset + 8 + size])
+            return int(meta[0][1]), int(meta[0][2])
+        except Exception:
+            return None
+
+
 class Replica(SyncObj):
     """One member of the Raft group, holding one `StateMachine`."""
 
@@ -91,6 +126,7 @@ class Replica(SyncObj):
             connectionTimeout=config.connection_timeout_s,
             connectionRetryTime=config.connection_retry_time_s,
             commandsQueueSize=config.commands_queue_size,
+            appendEntriesBatchSizeBytes=config.append_entries_batch_bytes,
             logCompactionMinEntries=config.log_compaction_min_entries,
             logCompactionMinTime=config.log_compaction_min_time_s,
             logCompactionSplit=False,
@@ -105,6 +141,65 @@ class Replica(SyncObj):
             conf,
             transport=transport,
         )
+        self._incoming_snapshot = _IncomingSnapshot()
+        self._guard_append_entries()
+
+    def _guard_append_entries(self) -> None:
+        """Works around two pysyncobj 0.3.17 safety bugs in how a follower handles an
+        append_entries message that carries no `prevLogIdx` (a snapshot chunk, or an empty
+        `serialized` field). Both were found by the simulator (`raftstore.sim`); the scenario
+        tests in `tests/sim/test_scenarios.py` reproduce each.
+
+        1. pysyncobj takes the leader's commit index from such a message without checking that
+           its own log matches the leader's, so it commits and applies whatever stale entries
+           its log holds up to that index: a deposed leader that rejoins while the new leader
+           sends it a snapshot applies its own uncommitted entries, and acknowledges them to
+           their proposers. Raft lets a follower advance its commit index only up to the last
+           entry it has checked against the leader's log, so these messages lose their commit
+           index here; the next regular append_entries, whose previous entry is checked,
+           brings it.
+        2. pysyncobj installs every snapshot it receives, also one older than what it has
+           already applied (a leader that got several "reset" answers sends the same snapshot
+           several times): the state machine goes back to the older index, entries are applied
+           a second time, and the log entries it acknowledged after that index are thrown away.
+           Raft says a follower that already holds the snapshot's last entry keeps its log and
+           state; so such a snapshot is dropped here, and the entries the leader sends after it
+           are checked against the log as usual."""
+        transport: Any = getattr(self, "_SyncObj__transport")  # noqa: B009 - name-mangled
+        receive = transport._onMessageReceivedCallback
+        incoming = self._incoming_snapshot
+
+        def receive_guarded(node: Any, message: Any) -> None:
+            if (
+                isinstance(message, dict)
+                and message.get("type") == "append_entries"
+                and "prevLogIdx" not in message
+            ):
+                message = {**message, "commit_index": 0}
+                serialized = message.get("serialized")
+                if serialized is not None:
+                    data, first, last = serialized
+                    incoming.add(data, first=first)
+                    if last:
+                        entry = incoming.last_entry()
+                        if entry is not None and self._holds(*entry):
+                            message["serialized"] = None
+            elif isinstance(message, dict) and message.get("type") == "append_entries":
+                message = keep_matching_entries(self, message)
+            receive(node, message)
+
+        transport.setOnMessageReceivedCallback(receive_guarded)
+
+    def _holds(self, index: int, term: int) -> bool:
+        """Whether this replica has applied raft entry `index` (applied entries are committed,
+        so they are the leader's) or holds it, with `term`, in its log."""
+        if index <= self.raftLastApplied:
+            return True
+        log: Any = getattr(self, "_SyncObj__raftLog")  # noqa: B009 - name-mangled
+        first = int(log[0][1])
+        if not first <= index <= int(log[-1][1]):
+            return False
+        return bool(log[index - first][2] == term)
 
     @replicated
     def apply_group(self, group: bytes) -> list[Applied]:

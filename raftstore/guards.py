@@ -1,0 +1,57 @@
+"""A guard against a Raft safety bug in pysyncobj 0.3.17's follower: truncation without conflict.
+
+On any append_entries whose entries end before the follower's last entry, pysyncobj deletes every
+later entry, even ones that match the leader's log and that the follower has acknowledged (and so
+may have been counted for commitment). Raft deletes only from the first conflicting entry. The
+leader re-sends such prefixes routinely (an acknowledgement moves its next index back), and if it
+dies between two batches of a re-send, the follower is left without entries it acknowledged and
+can elect a leader that lacks a committed entry.
+
+When every entry of the message matches the follower's log and the follower's last entry is of the
+message's term (so it came from this leader, and by log matching the whole log up to it is the
+leader's), the message is rewritten to an empty one ending at the follower's last entry: nothing
+is deleted and the acknowledgement is exact. A tail of older terms is still truncated as pysyncobj
+does; Raft would keep the part that does not conflict, so that case remains narrower but open.
+The other follower guards (commit index from snapshot chunks, stale snapshots) live in
+`raftstore.replica`, beside the snapshot format they read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pysyncobj import SyncObj
+
+__all__ = ["keep_matching_entries"]
+
+
+def _last_entry(syncobj: SyncObj) -> tuple[int, int]:
+    index: int = getattr(syncobj, "_SyncObj__getCurrentLogIndex")()  # noqa: B009 - name-mangled
+    term: int = getattr(syncobj, "_SyncObj__getCurrentLogTerm")()  # noqa: B009
+    return index, term
+
+
+def _entries_from(syncobj: SyncObj, first_index: int, count: int) -> list[Any]:
+    get_entries = getattr(syncobj, "_SyncObj__getEntries")  # noqa: B009 - name-mangled
+    entries: list[Any] = get_entries(first_index, count)
+    return entries
+
+
+def keep_matching_entries(syncobj: SyncObj, message: dict[str, Any]) -> dict[str, Any]:
+    """The append_entries message (one with `prevLogIdx`) pysyncobj should see instead."""
+    if "transmission" in message:
+        # One chunk of an entry too large for one message: its entries arrive with the last
+        # chunk, so there is nothing to compare yet.
+        return message
+    previous_index: int = message["prevLogIdx"]
+    entries: list[Any] = message.get("entries") or []
+    last_index, last_term = _last_entry(syncobj)
+    if previous_index + len(entries) >= last_index or last_term != message.get("term"):
+        return message
+    local = _entries_from(syncobj, previous_index, len(entries) + 1)
+    if len(local) != len(entries) + 1 or local[0][2] != message["prevLogTerm"]:
+        return message
+    for sent, held in zip(entries, local[1:], strict=True):
+        if sent[1] != held[1] or sent[2] != held[2]:
+            return message
+    return {**message, "prevLogIdx": last_index, "prevLogTerm": last_term, "entries": []}

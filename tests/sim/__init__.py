@@ -1,0 +1,1 @@
+"""Tests over the deterministic cluster simulator (`raftstore.sim`)."""
