@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import pysyncobj.pickle as pysyncobj_pickle
+import pysyncobj.syncobj as syncobj_module
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import Transport
 
@@ -220,6 +221,14 @@ class Replica(SyncObj):
         """Proposes a group; `callback(results, reason)` runs on the tick thread once it is
         applied here, or has failed. pysyncobj's decorator adds the `callback` argument."""
         self.apply_group(group, callback=callback)  # type: ignore[call-arg]
+
+    def last_contact_s(self) -> dict[str, float]:
+        """On the leader: seconds since each follower last answered, by address."""
+        if not self._isLeader():
+            return {}
+        responses: dict[Any, float] = getattr(self, "_SyncObj__lastResponseTime")  # noqa: B009
+        now_s = syncobj_module.monotonicTime()
+        return {str(node): round(now_s - seen_s, 3) for node, seen_s in responses.items()}
 
     def read(self, query: Callable[[StateMachine], T]) -> T:
         with self.state_lock:

@@ -319,13 +319,17 @@ class RaftStore:
     def status(self) -> dict[str, Any]:
         raw = self.replica.getStatus()
         leader = raw["leader"]
+        contact_s = self.replica.last_contact_s()
         members = []
         for peer in self.config.peers:
             members.append(
                 {
                     "address": peer,
                     "connected": raw.get(f"partner_node_status_server_{peer}", 0) == 2,
+                    # Known on the leader only: how far each follower's log matches, and how
+                    # long ago it last answered.
                     "match_index": raw.get(f"match_idx_server_{peer}"),
+                    "last_contact_s": contact_s.get(peer),
                 }
             )
         return {

@@ -12,7 +12,7 @@ import asyncio
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -267,5 +267,39 @@ def test_follower_with_a_clock_an_hour_ahead__does_not_move_replicated_time(
         await follower.propose(KvPut(key="a", value=b""))
         after = (await follower.read(lambda machine: machine.now_ms)).value
         assert after - before < 600_000
+
+    _run(body, _configs(tmp_path))
+
+
+def test_status__the_leader_reports_each_followers_match_index_and_last_contact(
+    tmp_path: Path,
+) -> None:
+    async def body(stores: list[RaftStore]) -> None:
+        leader = await _leader(stores)
+        await leader.propose(KvPut(key="a", value=b""))
+
+        def matched() -> dict[str, Any] | None:
+            status = leader.status()
+            members = status["members"]
+            return status if all(m["match_index"] is not None for m in members) else None
+
+        status = await _eventually(matched)
+        assert status["state"] == "leader" and status["has_quorum"]
+        for member in status["members"]:
+            assert member["connected"] and member["last_contact_s"] is not None
+            assert member["match_index"] >= 1
+
+    _run(body, _configs(tmp_path))
+
+
+def test_transfer_leadership__the_named_member_becomes_leader(tmp_path: Path) -> None:
+    async def body(stores: list[RaftStore]) -> None:
+        leader = await _leader(stores)
+        target = next(store for store in stores if store is not leader)
+        await leader.propose(KvPut(key="a", value=b""))
+        await leader.transfer_leadership(target.config.self_address)
+        await _eventually(lambda: target.is_leader)
+        with pytest.raises(errors.InvalidArgument):
+            await target.transfer_leadership("127.0.0.1:1")
 
     _run(body, _configs(tmp_path))
