@@ -213,10 +213,16 @@ class RaftStore:
         future: asyncio.Future[Applied | None] = self._loop.create_future()
         self._pending.append(_Pending(entry, future))
         self._in_flight_commands += 1
-        self._schedule_flush()
+        if self._groups:
+            # Busy: let what arrives in this turn of the loop join the same group.
+            self._schedule_flush()
+        else:
+            # Idle: a lone proposal goes out at once, without waiting for the next turn.
+            self._flush()
         deadline_s = self.config.propose_timeout_s if timeout_s is None else timeout_s
         try:
-            return await asyncio.wait_for(asyncio.shield(future), deadline_s)
+            # A timed-out future is cancelled; its group skips it when it settles.
+            return await asyncio.wait_for(future, deadline_s)
         except TimeoutError:
             raise Timeout(
                 f"no answer within {deadline_s} s; the command may or may not be applied"
@@ -350,9 +356,24 @@ class RaftStore:
     async def transfer_leadership(self, address: str, *, timeout_s: float = 5.0) -> None:
         if address not in self.config.peers:
             raise InvalidArgument(f"{address!r} is not a member of this cluster")
-        if not self.is_leader:
-            raise ClusterUnavailable("only the leader can transfer leadership")
-        await self._admin(lambda callback: self.replica.transferLeadership(address, callback))
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + timeout_s
+        while True:
+            if not self.is_leader:
+                raise ClusterUnavailable("only the leader can transfer leadership")
+            try:
+                await self._admin(
+                    lambda callback: self.replica.transferLeadership(address, callback)
+                )
+                return
+            except ClusterUnavailable:
+                # pysyncobj refuses while the target's log is behind the leader's; the leader
+                # keeps appending ticks, so the target catches up between two of them.
+                if loop.time() > deadline_s:
+                    raise ClusterUnavailable(
+                        f"{address} did not catch up with the leader within {timeout_s} s"
+                    ) from None
+                await asyncio.sleep(0.02)
 
     async def add_member(self, address: str) -> None:
         """Adds a member. One change at a time: pysyncobj accepts back-to-back changes, which can

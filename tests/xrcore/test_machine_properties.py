@@ -304,8 +304,8 @@ class Prediction:
 
 
 class Model:
-    """The replicated state, kept the plainest way: no heaps, no indexes, no incremental counters
-    (anything derivable is derived by scanning), and expiry by scanning every deadline."""
+    """The replicated state, kept the plainest way: no heaps and no indexes, nothing kept that
+    can be derived by scanning, and expiry by scanning every deadline."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
