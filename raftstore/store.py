@@ -106,12 +106,10 @@ class RaftStore:
         clock: Clock | None = None,
         limits: Limits = DEFAULT_LIMITS,
         transport: Transport | None = None,
-        tick_driver: bool = True,
     ) -> None:
         self.config = config
         self.clock = clock or RealClock()
         self.replica = Replica(config, limits=limits, transport=transport)
-        self._tick_driver = tick_driver
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[_Pending] = []
         self._in_flight_commands = 0
@@ -129,11 +127,10 @@ class RaftStore:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._running = True
-        if self._tick_driver:
-            self._thread = threading.Thread(
-                target=self._drive, name=f"raft-{self.config.self_address}", daemon=True
-            )
-            self._thread.start()
+        self._thread = threading.Thread(
+            target=self._drive, name=f"raft-{self.config.self_address}", daemon=True
+        )
+        self._thread.start()
         self._ticker = asyncio.create_task(self._lease_ticks())
 
     async def stop(self) -> None:

@@ -34,7 +34,7 @@ def test_defaults__are_valid_and_files_live_in_the_data_directory() -> None:
         ({"proposals_in_flight_max": -1}, "raft.proposals_in_flight_max must be positive"),
         ({"raft_min_timeout_s": 2.0}, "raft.raft_min_timeout_s (2.0) must be below"),
         ({"append_entries_period_s": 0.3}, "raft.append_entries_period_s (0.3) must be at most"),
-        ({"leader_fallback_timeout_s": 1.0}, "raft.leader_fallback_timeout_s (1.0) must be"),
+        ({"leader_fallback_timeout_s": 0.5}, "raft.leader_fallback_timeout_s (0.5) must be"),
         ({"self_address": "nohost"}, "address 'nohost' must be host:port"),
         ({"peers": ("127.0.0.1:9000",)}, "must not contain self_address"),
         ({"peers": ("127.0.0.1:1", "127.0.0.1:1")}, "raft.peers has duplicates"),
