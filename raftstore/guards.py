@@ -22,7 +22,7 @@ from typing import Any
 
 from pysyncobj import SyncObj
 
-__all__ = ["keep_matching_entries"]
+__all__ = ["back_off_to_commit_index", "keep_matching_entries"]
 
 
 def _last_entry(syncobj: SyncObj) -> tuple[int, int]:
@@ -55,3 +55,25 @@ def keep_matching_entries(syncobj: SyncObj, message: dict[str, Any]) -> dict[str
         if sent[1] != held[1] or sent[2] != held[2]:
             return message
     return {**message, "prevLogIdx": last_index, "prevLogTerm": last_term, "entries": []}
+
+
+def back_off_to_commit_index(syncobj: SyncObj, message: dict[str, Any]) -> dict[str, Any]:
+    """The answer a follower should send instead of `message` (a `next_node_idx`).
+
+    On a mismatch pysyncobj's follower tells the leader to step back one entry, or to its own
+    last entry + 1 when the leader's previous entry lies beyond its log. The leader sends entries
+    ahead optimistically, so those "beyond my log" answers keep resetting its one-step walk back
+    to the follower's end: a follower with a divergent tail of more than a few entries (from a
+    deposed leader) never catches up while the leader keeps appending (found by the simulator,
+    seed 2550, with the leader's ticks every 0.25 s). Entries up to the follower's commit index
+    are committed, so they are the leader's too: answering with at most commit index + 1 lets
+    the leader resend from a point that certainly matches, in one round trip.
+    """
+    if message.get("success") or not message.get("reset"):
+        return message
+    # Index 1 is the initial entry every log starts with; the leader needs an entry before the
+    # one it sends from.
+    matching_next = max(syncobj.raftCommitIndex + 1, 2)
+    if message["next_node_idx"] <= matching_next:
+        return message
+    return {**message, "next_node_idx": matching_next}

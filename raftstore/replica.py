@@ -27,7 +27,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import Transport
 
 from raftstore.config import RaftConfig
-from raftstore.guards import keep_matching_entries
+from raftstore.guards import back_off_to_commit_index, keep_matching_entries
 from xrcore import Applied, StateMachine
 from xrcore.errors import CodecError
 from xrcore.limits import DEFAULT_LIMITS, ENVELOPE_BYTES_MAX, Limits
@@ -190,6 +190,14 @@ class Replica(SyncObj):
             receive(node, message)
 
         transport.setOnMessageReceivedCallback(receive_guarded)
+        send = transport.send
+
+        def send_guarded(node: Any, message: Any) -> bool:
+            if isinstance(message, dict) and message.get("type") == "next_node_idx":
+                message = back_off_to_commit_index(self, message)
+            return bool(send(node, message))
+
+        transport.send = send_guarded
 
     def _holds(self, index: int, term: int) -> bool:
         """Whether this replica has applied raft entry `index` (applied entries are committed,

@@ -526,3 +526,16 @@ def test_five_node_cluster__keeps_every_invariant() -> None:
     run_state_machine_as_test(
         FiveNodeCluster, settings=settings(max_examples=50, stateful_step_count=50)
     )
+
+
+def test_follower_with_a_long_divergent_tail__catches_up_while_the_leader_appends(
+    tmp_path: Path,
+) -> None:
+    """Seed 2550 leaves a follower with ten entries of a deposed leader's term while the new
+    leader keeps appending ticks; with pysyncobj's one-step back-off, reset by every optimistic
+    send, it never caught up (`raftstore.guards.back_off_to_commit_index` fixes it)."""
+    _sweep(
+        2550,
+        tmp_path,
+        "test_follower_with_a_long_divergent_tail__catches_up_while_the_leader_appends",
+    )
