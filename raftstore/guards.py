@@ -66,14 +66,17 @@ def back_off_to_commit_index(syncobj: SyncObj, message: dict[str, Any]) -> dict[
     to the follower's end: a follower with a divergent tail of more than a few entries (from a
     deposed leader) never catches up while the leader keeps appending (found by the simulator,
     seed 2550, with the leader's ticks every 0.25 s). Entries up to the follower's commit index
-    are committed, so they are the leader's too: answering with at most commit index + 1 lets
-    the leader resend from a point that certainly matches, in one round trip.
+    are committed, so they are the leader's too: answering with at most the commit (or applied)
+    index + 1 lets the leader resend from a point that certainly matches, in one round trip.
     """
     if message.get("success") or not message.get("reset"):
         return message
+    # Applied entries are committed too, and after a snapshot the applied index is ahead of the
+    # commit index (a snapshot's commit index is not trusted) and is where the log now starts.
     # Index 1 is the initial entry every log starts with; the leader needs an entry before the
     # one it sends from.
-    matching_next = max(syncobj.raftCommitIndex + 1, 2)
+    matching_next = max(syncobj.raftCommitIndex, syncobj.raftLastApplied) + 1
+    matching_next = max(matching_next, 2)
     if message["next_node_idx"] <= matching_next:
         return message
     return {**message, "next_node_idx": matching_next}

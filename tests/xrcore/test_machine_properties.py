@@ -156,9 +156,22 @@ def build_task_command(
     return build_update(action, job_id, task_index, token, step=step)
 
 
+# What the model predicts for the token of a new grant; no real token is negative.
+NEW_TOKEN = -1
+
+
 def command_tag(command: Command) -> str:
     tag: Any = type(command).__struct_config__.tag
     return str(tag)
+
+
+def grant_of(command: Command) -> tuple[str, ...]:
+    """What a command that may create a grant is about, to tell its grant from others."""
+    if isinstance(command, LockAcquire):
+        return ("lock", command.name, command.session_id)
+    if isinstance(command, TaskClaim):
+        return ("task", command.job_id, str(command.task_index))
+    return (command_tag(command),)
 
 
 def effect_order(effect: Effect) -> tuple[Any, ...]:
@@ -312,8 +325,8 @@ class Model:
         self.now_ms = 0
         self.lease_clock_ms = 0
         self.revision = 0
-        # Fencing tokens are one sequence shared by lock grants and job attempts.
-        self.tokens_issued = 0
+        # The highest fencing token the machine has issued so far (see `issue_token`).
+        self.highest_token = 0
         self.keys: dict[str, ModelKey] = {}
         self.sessions: dict[str, ModelSession] = {}
         self.locks: dict[str, ModelLock] = {}
@@ -324,8 +337,22 @@ class Model:
         self.effects: list[Effect] = []
 
     def issue_token(self) -> int:
-        self.tokens_issued += 1
-        return self.tokens_issued
+        """A placeholder for the token of a new grant. The model does not predict its number:
+        when one entry grants several locks, the order in which the machine numbers them is
+        its own business. The test checks that each is new, then adopts the machine's numbers
+        (see `MachineTest.check_new_tokens` and `adopt_tokens`)."""
+        return NEW_TOKEN
+
+    def adopt_tokens(self, machine: StateMachine) -> None:
+        """Takes the numbers the machine gave the grants of the entry just applied."""
+        for name, lock in self.locks.items():
+            if lock.token == NEW_TOKEN:
+                assert name in machine.locks, name
+                lock.token = machine.locks[name].token
+        for job_id, job in self.jobs.items():
+            for task_index, task in enumerate(job.tasks):
+                if task.tokens and task.tokens[-1] == NEW_TOKEN:
+                    task.tokens[-1] = machine.jobs[job_id].tasks[task_index].attempts[-1].token
 
     # Derived views.
 
@@ -859,7 +886,9 @@ class MachineTest(RuleBasedStateMachine):
         applied = self.driver.apply(command, advance_ms=advance_ms, client_id=client_id, seq=seq)
         replica_applied = self.replica.apply(self.driver.log[-1], self.driver.index)
         assert msgspec.msgpack.encode(replica_applied) == msgspec.msgpack.encode(applied)
-        self.check_prediction(command, applied, prediction)
+        new_tokens = self.check_prediction(command, applied, prediction)
+        self.model.highest_token = max([self.model.highest_token, *new_tokens])
+        self.model.adopt_tokens(self.driver.machine)
         if prediction.records and client_id is not None and seq is not None:
             self.model.store_result(client_id, seq, applied.result)
         self.observe(command, applied, queues_before)
@@ -869,7 +898,11 @@ class MachineTest(RuleBasedStateMachine):
             assert state_without_index(self.driver.machine) == before, command
         return applied
 
-    def check_prediction(self, command: Command, applied: Applied, prediction: Prediction) -> None:
+    def check_prediction(
+        self, command: Command, applied: Applied, prediction: Prediction
+    ) -> list[int]:
+        """Checks that the machine did what the model predicted; returns the tokens of the new
+        grants of this entry."""
         result = applied.result
         code = None if result.error is None else result.error.code
         # Events show, with --hypothesis-show-statistics, which outcomes the rules reach.
@@ -879,15 +912,43 @@ class MachineTest(RuleBasedStateMachine):
         for effect in applied.effects:
             event(f"effect {effect.kind} {effect.reason}")
         assert applied.duplicate == prediction.duplicate, (applied, prediction)
+        new_tokens: dict[int, tuple[str, ...]] = {}
+        effects = []
+        for effect in applied.effects:
+            if effect.kind == "lock.granted":
+                grant = ("lock", effect.name, effect.session_id)
+                self.check_new_token(new_tokens, effect.token, grant)
+                effect = msgspec.structs.replace(effect, token=NEW_TOKEN)
+            effects.append(effect)
+        actual_effects = sorted(effects, key=effect_order)
+        assert actual_effects == sorted(prediction.effects, key=effect_order), (applied, prediction)
         if prediction.duplicate:
             assert result == prediction.stored, (applied, prediction)
-        else:
-            assert code == prediction.error_code, (applied, prediction)
-            if result.value is not None:
-                actual = {name: result.value.get(name) for name in prediction.value}
-                assert actual == prediction.value, (applied, prediction)
-        actual_effects = sorted(applied.effects, key=effect_order)
-        assert actual_effects == sorted(prediction.effects, key=effect_order), (applied, prediction)
+            return list(new_tokens)
+        assert code == prediction.error_code, (applied, prediction)
+        if result.value is None:
+            return list(new_tokens)
+        actual = {name: result.value.get(name) for name in prediction.value}
+        for name, expected in prediction.value.items():
+            if expected != NEW_TOKEN:
+                continue
+            actual[name] = NEW_TOKEN
+            if name == "token":
+                self.check_new_token(new_tokens, result.value[name], grant_of(command))
+            else:
+                # Another view of a grant of this entry, such as a lock's current token.
+                assert result.value[name] in new_tokens, (name, applied, new_tokens)
+        assert actual == prediction.value, (applied, prediction)
+        return list(new_tokens)
+
+    def check_new_token(
+        self, new_tokens: dict[int, tuple[str, ...]], token: int, grant: tuple[str, ...]
+    ) -> None:
+        """A grant's token is greater than every token issued before this entry, and no other
+        grant of this entry has it (one grant may be reported twice: in an effect and in the
+        result of its holder asking again)."""
+        assert token > self.model.highest_token, (token, grant, self.model.highest_token)
+        assert new_tokens.setdefault(token, grant) == grant, (token, grant, new_tokens)
 
     def observe(
         self, command: Command, applied: Applied, queues_before: dict[str, list[str]]
