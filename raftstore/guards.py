@@ -1,11 +1,13 @@
 """A guard against a Raft safety bug in pysyncobj 0.3.17's follower: truncation without conflict.
 
-On any append_entries whose entries end before the follower's last entry, pysyncobj deletes every
-later entry, even ones that match the leader's log and that the follower has acknowledged (and so
-may have been counted for commitment). Raft deletes only from the first conflicting entry. The
-leader re-sends such prefixes routinely (an acknowledgement moves its next index back), and if it
-dies between two batches of a re-send, the follower is left without entries it acknowledged and
-can elect a leader that lacks a committed entry.
+On any append_entries whose previous entry is not the follower's last, pysyncobj deletes every
+later entry (and re-adds those the message carries), even ones that match the leader's log and
+that the follower has acknowledged (and so may have been counted for commitment). Raft deletes
+only from the first conflicting entry. The leader re-sends such prefixes routinely (an
+acknowledgement moves its next index back), and if it dies between two batches of a re-send,
+the follower is left without entries it acknowledged and can elect a leader that lacks a
+committed entry. When the re-send ends at the follower's last entry nothing is lost, but the
+entries are deleted and written again, and pysyncobj logs that it truncated applied entries.
 
 When every entry of the message matches the follower's log and the follower's last entry is of the
 message's term (so it came from this leader, and by log matching the whole log up to it is the
@@ -46,7 +48,7 @@ def keep_matching_entries(syncobj: SyncObj, message: dict[str, Any]) -> dict[str
     previous_index: int = message["prevLogIdx"]
     entries: list[Any] = message.get("entries") or []
     last_index, last_term = _last_entry(syncobj)
-    if previous_index + len(entries) >= last_index or last_term != message.get("term"):
+    if previous_index + len(entries) > last_index or last_term != message.get("term"):
         return message
     local = _entries_from(syncobj, previous_index, len(entries) + 1)
     if len(local) != len(entries) + 1 or local[0][2] != message["prevLogTerm"]:

@@ -18,6 +18,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
 from raftstore.config import RaftConfig
+from raftstore.guards import keep_matching_entries
 from raftstore.replica import Replica
 
 LEADER, OTHER, SELF = "127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"
@@ -93,3 +94,14 @@ def test_snapshot_chunk__does_not_carry_a_commit_index(follower: _Follower) -> N
     chunk = {"type": "append_entries", "term": 1, "commit_index": 5, "serialized": None}
     follower.deliver(LEADER, chunk)
     assert follower.replica.getStatus()["commit_idx"] == commit_before
+
+
+def test_resent_suffix_ending_at_the_last_entry__deletes_nothing(follower: _Follower) -> None:
+    # pysyncobj would delete entries 7..11 and add them back, logging that it truncated applied
+    # entries; the guard turns the message into an acknowledgement of what is there.
+    entries = [(NO_OP, index, 1) for index in range(2, 12)]
+    follower.deliver(LEADER, _append(1, entries, commit_index=11))
+    rewritten = keep_matching_entries(follower.replica, _append(6, entries[5:], commit_index=11))
+    assert (rewritten["prevLogIdx"], rewritten["entries"]) == (11, [])
+    follower.deliver(LEADER, _append(6, entries[5:], commit_index=11))
+    assert follower.log_end() == 11
