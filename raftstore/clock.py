@@ -1,11 +1,12 @@
-"""Time as an interface: the real clock for nodes, a simulated one for tests and simulations."""
+"""Time as an interface, so the store can be given another clock (tests skew it; the simulator
+in `raftstore.sim` has its own per-node clock)."""
 
 from __future__ import annotations
 
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "RealClock", "SimulatedClock"]
+__all__ = ["Clock", "RealClock"]
 
 
 class Clock(Protocol):
@@ -24,23 +25,3 @@ class RealClock:
 
     def monotonic_s(self) -> float:
         return time.monotonic()
-
-
-class SimulatedClock:
-    """A clock that moves only when told to; `skew_ms` shifts the wall clock alone."""
-
-    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
-        self.elapsed_s = 0.0
-        self.start_ms = start_ms
-        self.skew_ms = 0
-
-    def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("a simulated clock only moves forward")
-        self.elapsed_s += seconds
-
-    def now_ms(self) -> int:
-        return self.start_ms + int(self.elapsed_s * 1000) + self.skew_ms
-
-    def monotonic_s(self) -> float:
-        return self.elapsed_s

@@ -17,12 +17,14 @@ from typing import Any
 import msgspec
 
 from xrcore.errors import InvalidArgument, PayloadTooLarge
+from xrcore.limits import RANGE_LIMIT_MAX
 
 __all__ = [
     "NAME_PATTERN",
     "WireStruct",
     "check_bytes",
     "check_name",
+    "check_page_limit",
     "check_range",
     "check_text",
 ]
@@ -174,6 +176,11 @@ def check_name(field: str, value: str) -> None:
             f"{field} {value!r} must start with a letter or digit and contain only letters, "
             "digits and . _ : @ / -"
         )
+
+
+def check_page_limit(limit: int) -> None:
+    """A page of keys, events or jobs holds 1 to RANGE_LIMIT_MAX items."""
+    check_range("limit", limit, 1, RANGE_LIMIT_MAX)
 
 
 def check_range(field: str, value: int | float, low: int | float, high: int | float) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from xrcore._validate import check_page_limit
 from xrcore.commands import (
     JobCancel,
     JobSubmit,
@@ -411,8 +412,7 @@ def list_(
     after: str | None = None,
 ) -> dict[str, Any]:
     """Jobs in submission order, filtered, at most `limit`, starting after job `after`."""
-    if not 1 <= limit <= 1_000:
-        raise InvalidArgument(f"limit must be between 1 and 1000, got {limit}")
+    check_page_limit(limit)
     items: list[dict[str, Any]] = []
     started = after is None
     more = False

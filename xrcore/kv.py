@@ -12,9 +12,9 @@ from bisect import bisect_left, bisect_right
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from xrcore._validate import check_page_limit
 from xrcore.commands import KvDelete, KvPut
 from xrcore.errors import CapacityExceeded, Compacted, CompareFailed, InvalidArgument, NotFound
-from xrcore.limits import RANGE_LIMIT_MAX
 from xrcore.model import KeyRecord, KvEvent
 
 if TYPE_CHECKING:
@@ -139,8 +139,7 @@ def range_(
 ) -> dict[str, Any]:
     """Keys starting with `prefix` in byte order, at most `limit`, starting after key `after`.
     `next` is the key to pass as `after` for the following page, or None at the end."""
-    if not 1 <= limit <= RANGE_LIMIT_MAX:
-        raise InvalidArgument(f"limit must be between 1 and {RANGE_LIMIT_MAX}, got {limit}")
+    check_page_limit(limit)
     keys = machine.sorted_keys
     start = bisect_left(keys, prefix) if after is None else bisect_right(keys, max(after, prefix))
     items: list[dict[str, Any]] = []
@@ -160,8 +159,7 @@ def range_(
 def watch(machine: StateMachine, from_revision: int, *, limit: int = 100) -> dict[str, Any]:
     """Changes with revision >= `from_revision`, oldest first, at most `limit`.
     Raises `Compacted` when some of them are no longer retained."""
-    if not 1 <= limit <= RANGE_LIMIT_MAX:
-        raise InvalidArgument(f"limit must be between 1 and {RANGE_LIMIT_MAX}, got {limit}")
+    check_page_limit(limit)
     if from_revision < 1:
         raise InvalidArgument(f"from_revision must be >= 1, got {from_revision}")
     history = machine.history
