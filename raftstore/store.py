@@ -109,8 +109,15 @@ class RaftStore:
     ) -> None:
         self.config = config
         self.clock = clock or RealClock()
-        self.replica = Replica(config, limits=limits, transport=transport)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Wakes coroutines waiting for the local state to change (lock waits, watches); the tick
+        # thread crosses into the loop only while someone waits. Set before the replica, which
+        # replays its journal through `_on_applied`.
+        self._applied_event = asyncio.Event()
+        self._applied_waiters = 0
+        self.replica = Replica(
+            config, limits=limits, transport=transport, on_applied=self._on_applied
+        )
         self._pending: list[_Pending] = []
         self._in_flight_commands = 0
         self._groups: set[_Group] = set()
@@ -296,6 +303,37 @@ class RaftStore:
                     pending.future.set_exception(error)
         if self._pending:
             self._schedule_flush()
+
+    # Waiting for change.
+
+    def _on_applied(self, results: list[Applied]) -> None:
+        # Runs on the tick driver's thread, after a group is applied.
+        if self._applied_waiters and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake_applied)
+
+    def _wake_applied(self) -> None:
+        event, self._applied_event = self._applied_event, asyncio.Event()
+        event.set()
+
+    async def wait_applied(self, after_index: int, *, timeout_s: float) -> int:
+        """Waits until this replica has applied past xrcore index `after_index`, or `timeout_s`
+        has passed; returns the index it has applied. Local: it says nothing about other
+        replicas, but whatever it applied is committed."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + timeout_s
+        self._applied_waiters += 1
+        try:
+            while True:
+                # Take the event before reading the index: an apply after the read wakes it.
+                event = self._applied_event
+                index = self.replica.read(lambda machine: machine.index)
+                remaining_s = deadline_s - loop.time()
+                if index > after_index or remaining_s <= 0:
+                    return index
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), remaining_s)
+        finally:
+            self._applied_waiters -= 1
 
     # Reads.
 

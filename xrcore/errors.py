@@ -14,6 +14,7 @@ __all__ = [
     "CapacityExceeded",
     "CheckpointNotNewer",
     "ClusterUnavailable",
+    "Forbidden",
     "CodecError",
     "Compacted",
     "CompareFailed",
@@ -28,6 +29,7 @@ __all__ = [
     "RequestTooOld",
     "StaleToken",
     "Timeout",
+    "Unauthenticated",
     "UnknownOutcome",
     "UnsupportedVersion",
     "XrError",
@@ -80,6 +82,22 @@ class CapacityExceeded(XrError):
 
     code = "limit.capacity"
     http_status = 429
+    definite = True
+
+
+class Unauthenticated(XrError):
+    """No bearer token, or one the node does not know."""
+
+    code = "auth.unauthenticated"
+    http_status = 401
+    definite = True
+
+
+class Forbidden(XrError):
+    """The caller's role does not permit the request."""
+
+    code = "auth.forbidden"
+    http_status = 403
     definite = True
 
 

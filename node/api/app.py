@@ -1,0 +1,291 @@
+"""The HTTP API's application factory, its middleware and the helpers every handler uses.
+
+`create_app(config, store=..., clock=...)` builds the aiohttp application with every dependency
+injected; `node.daemon` builds the real ones. One middleware does, in order: a request id, the
+caller's identity, the error mapping (`{"error": {"code", "message", "definite"}}` with the
+status of the error's class; 429 and 503 carry `Retry-After`), metrics and an access log line.
+Handlers stay thin: parse, call `write` or `read`, shape the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from node.api.auth import Authenticator, Permission, Principal
+from node.api.wire import respond
+from node.config import NodeConfig
+from node.metrics import NodeMetrics
+from raftstore.clock import Clock, RealClock
+from raftstore.store import RaftStore, ReadResult
+from xrcore import StateMachine
+from xrcore.commands import Command
+from xrcore.errors import (
+    CapacityExceeded,
+    InvalidArgument,
+    PayloadTooLarge,
+    XrError,
+)
+
+__all__ = [
+    "PRINCIPAL",
+    "SERVICES",
+    "Services",
+    "create_app",
+    "principal",
+    "read",
+    "services",
+    "waiting_slot",
+    "write",
+]
+
+log = logging.getLogger("xr.http")
+access_log = logging.getLogger("xr.access")
+T = TypeVar("T")
+
+CLIENT_ID_HEADER = "Xr-Client-Id"
+SEQ_HEADER = "Xr-Seq"
+REQUEST_ID_HEADER = "Xr-Request-Id"
+INDEX_HEADER = "Xr-Index"
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# Paths anyone may read whatever the configuration: the API's own description.
+PUBLIC_PATHS = frozenset({"/v1/openapi.json"})
+
+
+@dataclass
+class Services:
+    config: NodeConfig
+    store: RaftStore
+    clock: Clock
+    auth: Authenticator
+    metrics: NodeMetrics
+    waiting: int = 0
+    streams: int = 0
+    # Set on SIGTERM: new waits are refused, running ones end early.
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # Work that outlives its request (leaving a lock queue after the client went away).
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+
+SERVICES = web.AppKey("services", Services)
+PRINCIPAL = "xr.principal"
+
+
+def services(request: web.Request) -> Services:
+    return request.app[SERVICES]
+
+
+def principal(request: web.Request, permission: Permission = Permission.DATA) -> Principal:
+    caller: Principal = request[PRINCIPAL]
+    caller.require(permission)
+    return caller
+
+
+# Writes and reads.
+
+
+def _idempotency(request: web.Request, caller: Principal) -> tuple[str | None, int | None]:
+    client_id = request.headers.get(CLIENT_ID_HEADER)
+    seq_text = request.headers.get(SEQ_HEADER)
+    if client_id is None and seq_text is None:
+        return None, None
+    if client_id is None or seq_text is None:
+        raise InvalidArgument(f"{CLIENT_ID_HEADER} and {SEQ_HEADER} must be sent together")
+    try:
+        seq = int(seq_text)
+    except ValueError:
+        raise InvalidArgument(f"{SEQ_HEADER} must be an integer, got {seq_text!r}") from None
+    # Clients live in their tenant's namespace: one tenant cannot read another's stored results.
+    return caller.scoped(client_id), seq
+
+
+async def write(request: web.Request, command: Command, *, idempotent: bool = True) -> Any:
+    """Proposes a command with the request's idempotency key and returns its result's value, or
+    raises its typed error. Any node takes writes: pysyncobj forwards them to the leader."""
+    store = services(request).store
+    caller: Principal = request[PRINCIPAL]
+    client_id, seq = _idempotency(request, caller) if idempotent else (None, None)
+    applied = await store.propose(command, client_id=client_id, seq=seq)
+    request[INDEX_HEADER] = applied.index
+    return applied.result.unwrap()
+
+
+def consistency(request: web.Request) -> str:
+    value = request.query.get("consistency", "linearizable")
+    if value not in ("linearizable", "stale"):
+        raise InvalidArgument(f"consistency must be linearizable or stale, not {value!r}")
+    return value
+
+
+async def read(request: web.Request, query: Callable[[StateMachine], T]) -> ReadResult:
+    """A read after a barrier committed through the log, or a local read when the request says
+    `consistency=stale` (the answer then says `"stale": true`)."""
+    result = await services(request).store.read(
+        query,
+        consistency="stale" if consistency(request) == "stale" else "linearizable",
+    )
+    request[INDEX_HEADER] = result.index
+    return result
+
+
+@contextlib.asynccontextmanager
+async def waiting_slot(request: web.Request) -> AsyncIterator[None]:
+    """A place among the requests allowed to wait (lock waits, long polls); 429 beyond it."""
+    node = services(request)
+    limit = node.config.http.waiting_requests_max
+    if node.waiting >= limit:
+        raise CapacityExceeded(f"{limit} requests are already waiting on this node; retry later")
+    node.waiting += 1
+    try:
+        yield
+    finally:
+        node.waiting -= 1
+
+
+def wait_s(request: web.Request, requested_s: float) -> float:
+    maximum_s = services(request).config.http.wait_max_s
+    if not 0 <= requested_s <= maximum_s:
+        raise InvalidArgument(f"wait_s must be between 0 and {maximum_s}, got {requested_s}")
+    return requested_s
+
+
+# Middleware.
+
+
+def _route_name(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def _error_response(request: web.Request, error: XrError, status: int) -> web.Response:
+    response = respond(request, {"error": error.to_dict()}, status=status)
+    if status in (429, 503):
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def _http_error(request: web.Request, error: web.HTTPException) -> web.Response:
+    code = {
+        404: "not_found",
+        405: "request.method_not_allowed",
+        413: "limit.payload_too_large",
+    }.get(error.status, "request.invalid")
+    message = {
+        404: f"no route {request.path}; the API is described at /v1/openapi.json",
+        405: f"{request.method} is not allowed on {request.path}",
+        413: "the request body is larger than this node accepts "
+        f"({services(request).config.http.body_bytes_max} bytes)",
+    }.get(error.status, error.reason)
+    response = respond(
+        request,
+        {"error": {"code": code, "message": message, "definite": True}},
+        status=error.status,
+    )
+    if isinstance(error, web.HTTPMethodNotAllowed):
+        response.headers["Allow"] = ", ".join(sorted(error.allowed_methods))
+    return response
+
+
+@web.middleware
+async def _middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    node = services(request)
+    request_id = request.headers.get(REQUEST_ID_HEADER) or secrets.token_hex(8)
+    if len(request_id) > 64:
+        request_id = request_id[:64]
+    started_s = time.perf_counter()
+    response: web.StreamResponse
+    try:
+        open_path = request.path in PUBLIC_PATHS or (
+            node.auth.open_health and request.path in OPEN_PATHS
+        )
+        if not open_path:
+            request[PRINCIPAL] = node.auth.authenticate(request)
+        response = await handler(request)
+    except XrError as error:
+        response = _error_response(request, error, error.http_status)
+    except web.HTTPRequestEntityTooLarge:
+        response = _error_response(
+            request,
+            PayloadTooLarge(
+                f"the request body is larger than this node's maximum of "
+                f"{node.config.http.body_bytes_max} bytes (http.body_bytes_max)"
+            ),
+            413,
+        )
+    except web.HTTPException as error:
+        response = _http_error(request, error)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception(
+            "request %s %s failed (request id %s)", request.method, request.path, request_id
+        )
+        response = respond(
+            request,
+            {
+                "error": {
+                    "code": "xr.internal",
+                    "message": f"internal error; the node's log has it under request id "
+                    f"{request_id}",
+                    "definite": False,
+                }
+            },
+            status=500,
+        )
+    duration_s = time.perf_counter() - started_s
+    if not response.prepared:
+        response.headers[REQUEST_ID_HEADER] = request_id
+        if INDEX_HEADER in request:
+            response.headers[INDEX_HEADER] = str(request[INDEX_HEADER])
+    route = _route_name(request)
+    node.metrics.observe(route, request.method, response.status, duration_s)
+    if access_log.isEnabledFor(logging.DEBUG) or response.status >= 500:
+        access_log.log(
+            logging.WARNING if response.status >= 500 else logging.DEBUG,
+            "%s %s %d %.1f ms",
+            request.method,
+            request.path,
+            response.status,
+            duration_s * 1000,
+            extra={"request_id": request_id, "route": route},
+        )
+    return response
+
+
+# The application.
+
+
+def create_app(
+    config: NodeConfig,
+    *,
+    store: RaftStore,
+    clock: Clock | None = None,
+) -> web.Application:
+    from node.api import cluster, health, jobs, kv, locks, openapi, sessions, watch
+
+    app = web.Application(middlewares=[_middleware], client_max_size=config.http.body_bytes_max)
+    app[SERVICES] = Services(
+        config=config,
+        store=store,
+        clock=clock or RealClock(),
+        auth=Authenticator(config.auth),
+        metrics=NodeMetrics(store, config.region.name),
+    )
+    for module in (health, kv, sessions, locks, jobs, cluster, watch, openapi):
+        app.router.add_routes(module.routes)
+    return app

@@ -1,0 +1,156 @@
+"""Regions and the cluster: status, members, leadership transfer.
+
+Leadership transfer must be asked of the leader; a follower forwards the request to the leader's
+HTTP address (known from the leader's region registration) with the caller's credentials.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from node.api.app import principal, read, services
+from node.api.auth import Permission
+from node.api.wire import field, read_body, reject_unknown, respond
+from xrcore import regions
+from xrcore.errors import ClusterUnavailable, InvalidArgument, NotFound, error_from_code
+
+__all__ = ["routes"]
+
+routes = web.RouteTableDef()
+_FORWARD_TIMEOUT_S = 15.0
+
+
+@routes.get("/v1/regions")
+async def list_regions(request: web.Request) -> web.Response:
+    principal(request, Permission.READ_CLUSTER)
+    result = await read(request, regions.list_)
+    return respond(request, {"items": result.value, "stale": result.stale})
+
+
+@routes.get("/v1/regions/{name}")
+async def get_region(request: web.Request) -> web.Response:
+    principal(request, Permission.READ_CLUSTER)
+    name = request.match_info["name"]
+    result = await read(request, lambda machine: regions.get(machine, name))
+    return respond(request, {**result.value, "stale": result.stale})
+
+
+def _regions_by_raft_address(request: web.Request) -> dict[str, dict[str, Any]]:
+    listed = services(request).store.replica.read(regions.list_)
+    return {region["raft_address"]: region for region in listed}
+
+
+def _status(request: web.Request) -> dict[str, Any]:
+    node = services(request)
+    status = node.store.status()
+    by_address = _regions_by_raft_address(request)
+    leader = status["leader"]
+    return {
+        "region": node.config.region.name,
+        "raft_address": status["self"],
+        "state": status["state"],
+        "leader": leader,
+        "leader_region": None if leader is None else by_address.get(leader, {}).get("name"),
+        "has_quorum": status["has_quorum"],
+        "term": status["term"],
+        "commit_index": status["commit_index"],
+        "applied_index": status["applied_index"],
+        "machine_index": status["machine_index"],
+        "proposals_in_flight": status["proposals_in_flight"],
+    }
+
+
+@routes.get("/v1/cluster/status")
+async def cluster_status(request: web.Request) -> web.Response:
+    principal(request, Permission.READ_CLUSTER)
+    return respond(request, _status(request))
+
+
+@routes.get("/v1/cluster/members")
+async def members(request: web.Request) -> web.Response:
+    principal(request, Permission.READ_MEMBERS)
+    node = services(request)
+    status = node.store.status()
+    by_address = _regions_by_raft_address(request)
+    items = [
+        {
+            "raft_address": status["self"],
+            "region": node.config.region.name,
+            "http_address": node.config.http_advertise_address,
+            "self": True,
+            "leader": status["leader"] == status["self"],
+            "connected": True,
+            "match_index": None,
+            "last_contact_s": None,
+        }
+    ]
+    for member in status["members"]:
+        region = by_address.get(member["address"], {})
+        items.append(
+            {
+                "raft_address": member["address"],
+                "region": region.get("name"),
+                "http_address": region.get("http_address"),
+                "self": False,
+                "leader": status["leader"] == member["address"],
+                "connected": member["connected"],
+                "match_index": member["match_index"],
+                "last_contact_s": member["last_contact_s"],
+            }
+        )
+    return respond(request, {"items": items, "term": status["term"], "leader": status["leader"]})
+
+
+@routes.post("/v1/cluster/transfer-leader")
+async def transfer_leader(request: web.Request) -> web.Response:
+    principal(request, Permission.ADMIN)
+    body = await read_body(request)
+    reject_unknown(body, {"region"})
+    target = field(body, "region", str)
+    node = services(request)
+    by_name = {region["name"]: region for region in node.store.replica.read(regions.list_)}
+    if target not in by_name:
+        raise NotFound(f"region {target!r} is not registered")
+    address = by_name[target]["raft_address"]
+    if node.store.is_leader:
+        if address == node.config.raft.self_address:
+            return respond(request, {"leader_region": target, "transferred": False})
+        await node.store.transfer_leadership(address)
+        return respond(request, {"leader_region": target, "transferred": True})
+    return await _forward_to_leader(request, body)
+
+
+async def _forward_to_leader(request: web.Request, body: dict[str, Any]) -> web.Response:
+    if request.headers.get("Xr-Forwarded"):
+        raise ClusterUnavailable("the leader changed while the request was forwarded; retry")
+    node = services(request)
+    leader = node.store.status()["leader"]
+    region = _regions_by_raft_address(request).get(leader or "")
+    if region is None:
+        raise ClusterUnavailable("no leader is known; retry when the cluster has elected one")
+    headers = {"Xr-Forwarded": "1"}
+    if "Authorization" in request.headers:
+        headers["Authorization"] = request.headers["Authorization"]
+    url = f"http://{region['http_address']}{request.path}"
+    try:
+        async with (
+            aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S)
+            ) as session,
+            session.post(url, json=body, headers=headers) as answer,
+        ):
+            document = await answer.json()
+            status = answer.status
+    except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        raise ClusterUnavailable(
+            f"the leader ({region['name']}) could not be reached: {error}"
+        ) from None
+    if status >= 400 and isinstance(document, dict) and "error" in document:
+        info = document["error"]
+        raise error_from_code(str(info.get("code")), str(info.get("message")))
+    if not isinstance(document, dict):
+        raise InvalidArgument("the leader answered with something that is not an object")
+    return respond(request, document, status=status)

@@ -1,0 +1,174 @@
+"""Jobs: submit, list (filtered, paged), get (optionally waiting for the job to finish), cancel,
+and the event timeline of a job's attempts. Jobs belong to the caller's tenant."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from node.api.app import principal, read, services, wait_s, waiting_slot, write
+from node.api.auth import Principal
+from node.api.wire import field, query_float, query_int, query_text, read_body, respond
+from xrcore import jobs
+from xrcore.commands import JobCancel, JobSpec, JobSubmit
+from xrcore.errors import InvalidArgument, NotFound
+from xrcore.limits import MESSAGE_BYTES_MAX, RANGE_LIMIT_MAX
+from xrcore.model import TaskState
+
+__all__ = ["routes"]
+
+routes = web.RouteTableDef()
+_SPEC_FIELDS = frozenset(set(JobSpec.__struct_fields__) - {"tenant"})
+_FINISHED = frozenset(state.value for state in TaskState if state.terminal)
+
+
+def _spec(body: dict[str, Any], caller: Principal) -> JobSpec:
+    unknown = sorted(set(body) - _SPEC_FIELDS)
+    if unknown:
+        raise InvalidArgument(
+            f"unknown job field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_SPEC_FIELDS))}"
+        )
+    document = dict(body)
+    if isinstance(document.get("args"), dict):
+        # Arguments may be given as an object; the spec stores them as JSON text.
+        document["args"] = msgspec.json.encode(document["args"]).decode()
+    document["tenant"] = caller.tenant
+    try:
+        return msgspec.convert(document, JobSpec)
+    except msgspec.ValidationError as error:
+        raise InvalidArgument(f"invalid job spec: {error}") from None
+
+
+def _job_id(request: web.Request) -> str:
+    job_id = request.match_info["job_id"]
+    if len(job_id) > 64:
+        raise InvalidArgument("the job id is longer than 64 characters")
+    return job_id
+
+
+def _owned(caller: Principal, job_id: str, view: dict[str, Any]) -> dict[str, Any]:
+    if view["tenant"] != caller.tenant:
+        raise NotFound(f"job {job_id!r} does not exist")
+    return view
+
+
+@routes.post("/v1/jobs")
+async def submit(request: web.Request) -> web.Response:
+    caller = principal(request)
+    spec = _spec(await read_body(request), caller)
+    return respond(request, await write(request, JobSubmit(spec=spec)), status=201)
+
+
+@routes.get("/v1/jobs")
+async def list_jobs(request: web.Request) -> web.Response:
+    caller = principal(request)
+    state = query_text(request, "state")
+    if state is not None and state not in {item.value for item in TaskState}:
+        raise InvalidArgument(
+            f"state must be one of {', '.join(item.value for item in TaskState)}, not {state!r}"
+        )
+    limit = query_int(request, "limit", default=100, low=1, high=RANGE_LIMIT_MAX)
+    assert limit is not None
+    after = query_text(request, "after", maximum_bytes=64)
+    result = await read(
+        request,
+        lambda machine: jobs.list_(
+            machine, tenant=caller.tenant, state=state, limit=limit, after=after
+        ),
+    )
+    return respond(request, {**result.value, "stale": result.stale})
+
+
+def _finished(view: dict[str, Any]) -> bool:
+    return all(task["state"] in _FINISHED for task in view["tasks"])
+
+
+@routes.get("/v1/jobs/{job_id}")
+async def get(request: web.Request) -> web.Response:
+    """`?wait_s=S` waits up to S seconds for the job to finish before answering."""
+    caller = principal(request)
+    job_id = _job_id(request)
+    node = services(request)
+    waited_s = wait_s(
+        request,
+        query_float(request, "wait_s", default=0.0, low=0.0, high=node.config.http.wait_max_s),
+    )
+    result = await read(request, lambda machine: jobs.get(machine, job_id))
+    view = _owned(caller, job_id, result.value)
+    if waited_s > 0 and not _finished(view):
+        async with waiting_slot(request):
+            view = await _wait_finished(request, job_id, waited_s, result.index)
+    return respond(request, {**view, "stale": result.stale})
+
+
+async def _wait_finished(
+    request: web.Request, job_id: str, timeout_s: float, index: int
+) -> dict[str, Any]:
+    store = services(request).store
+    loop = asyncio.get_running_loop()
+    deadline_s = loop.time() + timeout_s
+    while True:
+        view, index = store.replica.read(lambda machine: (jobs.get(machine, job_id), machine.index))
+        remaining_s = deadline_s - loop.time()
+        if _finished(view) or remaining_s <= 0 or services(request).stopping.is_set():
+            return view
+        await store.wait_applied(index, timeout_s=min(remaining_s, 1.0))
+
+
+@routes.post("/v1/jobs/{job_id}/cancel")
+async def cancel(request: web.Request) -> web.Response:
+    caller = principal(request)
+    job_id = _job_id(request)
+    body = await read_body(request, required=False)
+    reason = field(body, "reason", str, default="")
+    if len(reason.encode()) > MESSAGE_BYTES_MAX:
+        raise InvalidArgument(f"reason is longer than {MESSAGE_BYTES_MAX} bytes")
+    found = await read(request, lambda machine: jobs.get(machine, job_id))
+    _owned(caller, job_id, found.value)
+    return respond(request, await write(request, JobCancel(job_id=job_id, reason=reason)))
+
+
+@routes.get("/v1/jobs/{job_id}/events")
+async def events(request: web.Request) -> web.Response:
+    """The job's timeline: submission, then each attempt's start and end, in time order."""
+    caller = principal(request)
+    job_id = _job_id(request)
+    result = await read(request, lambda machine: jobs.get(machine, job_id))
+    view = _owned(caller, job_id, result.value)
+    timeline: list[dict[str, Any]] = [
+        {"at_ms": view["submitted_at_ms"], "kind": "submitted", "task_index": None}
+    ]
+    for task in view["tasks"]:
+        for attempt in task["attempts"]:
+            base = {
+                "task_index": task["index"],
+                "attempt": attempt["number"],
+                "region": attempt["region"],
+                "token": attempt["token"],
+            }
+            timeline.append(
+                {
+                    "at_ms": attempt["started_at_ms"],
+                    "kind": "attempt.started",
+                    "restored_step": attempt["restored_step"],
+                    **base,
+                }
+            )
+            if attempt["ended_at_ms"] is not None:
+                timeline.append(
+                    {
+                        "at_ms": attempt["ended_at_ms"],
+                        "kind": "attempt.ended",
+                        "outcome": attempt["outcome"],
+                        "error": attempt["error"],
+                        **base,
+                    }
+                )
+    timeline.sort(key=lambda event: event["at_ms"])
+    return respond(
+        request,
+        {"job_id": job_id, "state": view["state"], "events": timeline, "stale": result.stale},
+    )

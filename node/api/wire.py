@@ -1,0 +1,217 @@
+"""Request and response bodies: JSON by default, msgpack when the client asks for it.
+
+A request body is msgpack when its `Content-Type` is `application/msgpack` (or `x-msgpack`), JSON
+otherwise; a response is msgpack when `Accept` names msgpack, JSON otherwise. Both encodings carry
+the same document. Bytes (KV values) travel as base64 text in `value_base64`, with `value` as UTF-8
+text beside it when the bytes are valid UTF-8, so a shell user reads values without decoding.
+Query parameters are parsed here, each with a message naming the parameter.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from xrcore.errors import InvalidArgument, PayloadTooLarge
+
+__all__ = [
+    "MSGPACK",
+    "bytes_fields",
+    "field",
+    "query_bool",
+    "query_float",
+    "query_int",
+    "query_text",
+    "read_body",
+    "reject_unknown",
+    "respond",
+    "value_from_body",
+    "wants_msgpack",
+]
+
+MSGPACK = "application/msgpack"
+_MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
+_json_encoder = msgspec.json.Encoder()
+_msgpack_encoder = msgspec.msgpack.Encoder()
+
+
+def wants_msgpack(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    return any(kind.split(";")[0].strip() in _MSGPACK_TYPES for kind in accept.split(","))
+
+
+def respond(request: web.Request, document: Any, *, status: int = 200) -> web.Response:
+    if wants_msgpack(request):
+        return web.Response(
+            body=_msgpack_encoder.encode(document), status=status, content_type=MSGPACK
+        )
+    return web.Response(
+        body=_json_encoder.encode(document) + b"\n", status=status, content_type="application/json"
+    )
+
+
+async def read_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
+    """The request body as a mapping. The size limit is enforced by aiohttp's
+    `client_max_size` (413 from the error middleware); a body that is not an object is 400."""
+    if not request.can_read_body:
+        if required:
+            raise InvalidArgument("the request needs a body (a JSON object)")
+        return {}
+    data = await request.read()
+    kind = request.content_type
+    try:
+        document = (
+            msgspec.msgpack.decode(data) if kind in _MSGPACK_TYPES else msgspec.json.decode(data)
+        )
+    except msgspec.DecodeError as error:
+        encoding = "msgpack" if kind in _MSGPACK_TYPES else "JSON"
+        raise InvalidArgument(f"the request body is not valid {encoding}: {error}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgument(f"the request body must be an object, not {type(document).__name__}")
+    return document
+
+
+def reject_unknown(body: Mapping[str, Any], allowed: frozenset[str] | set[str]) -> None:
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def field(
+    body: Mapping[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
+    *,
+    default: Any = ...,
+    nullable: bool = False,
+) -> Any:
+    """A body field of the given type; `InvalidArgument` naming the field otherwise."""
+    if name not in body:
+        if default is ...:
+            raise InvalidArgument(f"field {name!r} is required")
+        return default
+    value = body[name]
+    if value is None and nullable:
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int in Python; a JSON true is not a number.
+    if isinstance(value, bool) and bool not in kinds:
+        raise InvalidArgument(f"field {name!r} must be {_kind_names(kinds)}, not a boolean")
+    if not isinstance(value, kinds):
+        if float in kinds and isinstance(value, int):
+            return float(value)
+        raise InvalidArgument(
+            f"field {name!r} must be {_kind_names(kinds)}, not {type(value).__name__}"
+        )
+    return value
+
+
+def _kind_names(kinds: tuple[type, ...]) -> str:
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "a boolean",
+        dict: "an object",
+        list: "a list",
+        bytes: "bytes",
+    }
+    return " or ".join(names.get(kind, kind.__name__) for kind in kinds)
+
+
+def value_from_body(body: Mapping[str, Any]) -> bytes:
+    """A KV value given as `value` (text, or bytes in msgpack) or `value_base64`."""
+    if "value" in body and "value_base64" in body:
+        raise InvalidArgument("give value or value_base64, not both")
+    if "value_base64" in body:
+        text = field(body, "value_base64", str)
+        try:
+            return base64.b64decode(text, validate=True)
+        except binascii.Error:
+            raise InvalidArgument("value_base64 is not valid base64") from None
+    value = field(body, "value", (str, bytes))
+    if isinstance(value, str):
+        try:
+            return value.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgument("value is not valid UTF-8") from None
+    return bytes(value)
+
+
+def bytes_fields(value: bytes | None) -> dict[str, Any]:
+    """`value` (text when the bytes are UTF-8, else None) and `value_base64`."""
+    if value is None:
+        return {"value": None, "value_base64": None}
+    try:
+        text: str | None = value.decode()
+    except UnicodeDecodeError:
+        text = None
+    return {"value": text, "value_base64": base64.b64encode(value).decode()}
+
+
+def query_text(
+    request: web.Request, name: str, *, default: str | None = None, maximum_bytes: int = 1024
+) -> str | None:
+    value = request.query.get(name)
+    if value is None:
+        return default
+    if len(value.encode()) > maximum_bytes:
+        raise PayloadTooLarge(f"query parameter {name} is longer than {maximum_bytes} bytes")
+    return value
+
+
+def query_int(
+    request: web.Request,
+    name: str,
+    *,
+    default: int | None = None,
+    low: int | None = None,
+    high: int | None = None,
+) -> int | None:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"query parameter {name} must be an integer, got {text!r}") from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise InvalidArgument(
+            f"query parameter {name} must be between {low} and {high}, got {value}"
+        )
+    return value
+
+
+def query_float(
+    request: web.Request, name: str, *, default: float, low: float, high: float
+) -> float:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidArgument(f"query parameter {name} must be a number, got {text!r}") from None
+    if not low <= value <= high:
+        raise InvalidArgument(
+            f"query parameter {name} must be between {low} and {high}, got {value}"
+        )
+    return value
+
+
+def query_bool(request: web.Request, name: str, *, default: bool = False) -> bool:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise InvalidArgument(f"query parameter {name} must be true or false, got {text!r}")

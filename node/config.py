@@ -1,0 +1,362 @@
+"""The node's configuration: one TOML file, overridden by `XR_*` environment variables, overridden
+by command-line flags.
+
+Every setting has a dotted name (`raft.address`, `http.body_bytes_max`); the environment variable
+is that name upper-cased with dots as underscores and an `XR_` prefix (`XR_RAFT_ADDRESS`), and any
+setting can be given as a flag with `--set raft.address=127.0.0.1:7001`. Lists in the environment
+or in `--set` are comma-separated. An invalid setting stops the node at start with a message that
+names the setting and the value (`ConfigError`); secrets are never echoed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from raftstore.config import RaftConfig
+from xrcore.errors import InvalidArgument
+
+__all__ = [
+    "ROLES",
+    "AuthConfig",
+    "ConfigError",
+    "HttpConfig",
+    "NodeConfig",
+    "RegionConfig",
+    "TokenConfig",
+    "hash_token",
+    "load_config",
+]
+
+Role = Literal["admin", "operator", "tenant"]
+ROLES: tuple[str, ...] = ("admin", "operator", "tenant")
+ENV_PREFIX = "XR_"
+# Names that never appear in messages or in the status API.
+_SECRET_SETTINGS = frozenset({"raft.cluster_secret"})
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the setting and the value."""
+
+
+def hash_token(token: str) -> str:
+    """The form a bearer token is stored in the configuration: its SHA-256, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class RegionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    provider: str = ""
+    price_per_gpu_hour: float = 0.0
+    carbon_g_per_kwh: float = 0.0
+    cpu_slots: int = 0
+    labels: dict[str, str] = {}
+
+
+class RaftSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    address: str
+    peers: list[str] = []
+    cluster_secret: str | None = None
+    cluster_secret_file: str | None = None
+    raft_min_timeout_s: float = 0.4
+    raft_max_timeout_s: float = 1.0
+    append_entries_period_s: float = 0.1
+    leader_fallback_timeout_s: float = 5.0
+    connection_timeout_s: float = 3.5
+    connection_retry_time_s: float = 1.0
+    log_compaction_min_entries: int = 50_000
+    log_compaction_min_time_s: float = 600.0
+    lease_tick_interval_s: float = 0.25
+    proposals_in_flight_max: int = 10_000
+    propose_timeout_s: float = 5.0
+
+
+class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    address: str = "127.0.0.1:8700"
+    # The address other nodes and clients reach this one at (defaults to `address`).
+    advertise_address: str | None = None
+    body_bytes_max: int = 1 << 20
+    # The longest a request may wait: lock waits, long-poll watches, job waits.
+    wait_max_s: float = 60.0
+    # Requests waiting on a lock, a watch or a job at once; beyond it 429.
+    waiting_requests_max: int = 1_000
+    # Server-Sent Event streams open at once.
+    streams_max: int = 200
+    request_timeout_s: float = 10.0
+    # Seconds to finish in-flight requests on SIGTERM before closing.
+    shutdown_grace_s: float = 10.0
+
+
+class TokenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    # SHA-256 of the bearer token, hex (`xr token hash` prints it); the token itself is never
+    # stored in the configuration.
+    sha256: str
+    role: Role = "tenant"
+    tenant: str = "default"
+
+
+class AuthConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # No tokens: authentication is off and every caller is an admin of tenant "default" (a local
+    # development cluster). With tokens, every request needs one.
+    tokens: list[TokenConfig] = []
+    # Leave /healthz, /readyz and /metrics open to callers without a token.
+    open_health: bool = True
+
+
+class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    json: bool = False
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class _File(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    data_dir: str
+    region: RegionConfig
+    raft: RaftSection
+    http: HttpConfig = HttpConfig()
+    auth: AuthConfig = AuthConfig()
+    log: LogConfig = LogConfig()
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeConfig:
+    data_dir: Path
+    region: RegionConfig
+    raft: RaftConfig
+    http: HttpConfig
+    auth: AuthConfig
+    log: LogConfig
+    # Where the settings came from, for `xr node run --check` and the logs (secrets left out).
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def http_advertise_address(self) -> str:
+        return self.http.advertise_address or self.http.address
+
+
+def _split_list(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"setting {dotted!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _known_settings() -> dict[str, Any]:
+    """Every dotted setting name and its type, from the file's structure."""
+    known: dict[str, Any] = {"data_dir": str}
+    for section in (RegionConfig, RaftSection, HttpConfig, AuthConfig, LogConfig):
+        name = {
+            RegionConfig: "region",
+            RaftSection: "raft",
+            HttpConfig: "http",
+            AuthConfig: "auth",
+            LogConfig: "log",
+        }[section]
+        for item in msgspec.structs.fields(section):
+            known[f"{name}.{item.name}"] = item.type
+    return known
+
+
+def _coerce_text(dotted: str, text: str, kind: Any) -> Any:
+    """A setting given as text (environment, --set) in the shape the file would have."""
+    if kind is list or getattr(kind, "__origin__", None) is list:
+        return _split_list(text)
+    if dotted == "region.labels":
+        labels: dict[str, str] = {}
+        for pair in _split_list(text):
+            key, separator, value = pair.partition("=")
+            if not separator:
+                raise ConfigError(f"region.labels: {pair!r} must be key=value")
+            labels[key.strip()] = value.strip()
+        return labels
+    return text
+
+
+def _describe(dotted: str, value: Any) -> str:
+    return "(hidden)" if dotted in _SECRET_SETTINGS else repr(value)
+
+
+def load_config(
+    *,
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> NodeConfig:
+    """Reads the file, then the environment, then `overrides` (flags), later ones winning."""
+    tree: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if path is not None:
+        try:
+            tree = tomllib.loads(path.read_text())
+        except OSError as error:
+            raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+        sources = {name: str(path) for name in tree}
+    known = _known_settings()
+    environ = os.environ if environ is None else environ
+    for dotted, kind in known.items():
+        variable = ENV_PREFIX + dotted.upper().replace(".", "_")
+        if variable in environ:
+            _set_dotted(tree, dotted, _coerce_text(dotted, environ[variable], kind))
+            sources[dotted] = variable
+    for dotted, text in (overrides or {}).items():
+        if dotted not in known:
+            raise ConfigError(
+                f"unknown setting {dotted!r}; known settings: {', '.join(sorted(known))}"
+            )
+        _set_dotted(tree, dotted, _coerce_text(dotted, text, known[dotted]))
+        sources[dotted] = "flag"
+    return _build(tree, sources)
+
+
+def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
+    try:
+        parsed = msgspec.convert(tree, _File, strict=False)
+    except msgspec.ValidationError as error:
+        message = str(error)
+        # msgspec says "... - at `$.raft.address`"; turn the path into the setting's name.
+        detail, _, where = message.partition(" - at `$.")
+        dotted = where.rstrip("`").replace("[", ".").replace("]", "")
+        if dotted:
+            value = _lookup(tree, dotted)
+            shown = "" if value is _MISSING else f" (got {_describe(dotted, value)})"
+            raise ConfigError(f"setting {dotted}: {detail}{shown}") from None
+        raise ConfigError(f"configuration: {detail}") from None
+    secret = parsed.raft.cluster_secret
+    if parsed.raft.cluster_secret_file is not None:
+        if secret is not None:
+            raise ConfigError("set raft.cluster_secret or raft.cluster_secret_file, not both")
+        try:
+            secret = Path(parsed.raft.cluster_secret_file).read_text().strip()
+        except OSError as error:
+            raise ConfigError(
+                f"setting raft.cluster_secret_file: cannot read "
+                f"{parsed.raft.cluster_secret_file!r}: {error.strerror}"
+            ) from None
+    data_dir = Path(parsed.data_dir)
+    raft_fields = {item.name for item in fields(RaftConfig)}
+    timing = {
+        name: getattr(parsed.raft, name)
+        for name in parsed.raft.__struct_fields__
+        if name in raft_fields and name not in ("cluster_secret", "peers")
+    }
+    try:
+        raft = RaftConfig(
+            self_address=parsed.raft.address,
+            peers=tuple(parsed.raft.peers),
+            data_dir=data_dir / "raft",
+            cluster_secret=secret or None,
+            **timing,
+        )
+    except InvalidArgument as error:
+        raise ConfigError(f"setting {error}") from None
+    _check_http(parsed.http)
+    _check_region(parsed.region)
+    _check_auth(parsed.auth)
+    return NodeConfig(
+        data_dir=data_dir,
+        region=parsed.region,
+        raft=raft,
+        http=parsed.http,
+        auth=parsed.auth,
+        log=parsed.log,
+        sources=sources,
+    )
+
+
+class _Missing:
+    pass
+
+
+_MISSING = _Missing()
+
+
+def _lookup(tree: dict[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _check_address(dotted: str, address: str) -> None:
+    host, separator, port = address.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"setting {dotted}: {address!r} must be host:port")
+
+
+def _check_positive(dotted: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"setting {dotted}: must be positive (got {value!r})")
+
+
+def _check_http(http: HttpConfig) -> None:
+    _check_address("http.address", http.address)
+    if http.advertise_address is not None:
+        _check_address("http.advertise_address", http.advertise_address)
+    for name in (
+        "body_bytes_max",
+        "wait_max_s",
+        "waiting_requests_max",
+        "streams_max",
+        "request_timeout_s",
+        "shutdown_grace_s",
+    ):
+        _check_positive(f"http.{name}", getattr(http, name))
+
+
+def _check_region(region: RegionConfig) -> None:
+    from xrcore._validate import check_name
+
+    try:
+        check_name("region.name", region.name)
+    except InvalidArgument as error:
+        raise ConfigError(f"setting {error}") from None
+    if region.cpu_slots < 0:
+        raise ConfigError(f"setting region.cpu_slots: must be 0 or more (got {region.cpu_slots})")
+    for name in ("price_per_gpu_hour", "carbon_g_per_kwh"):
+        if getattr(region, name) < 0:
+            raise ConfigError(f"setting region.{name}: must be 0 or more")
+
+
+def _check_auth(auth: AuthConfig) -> None:
+    names: set[str] = set()
+    digests: set[str] = set()
+    for position, token in enumerate(auth.tokens):
+        where = f"auth.tokens.{position}"
+        if token.name in names:
+            raise ConfigError(f"setting {where}.name: {token.name!r} is used twice")
+        names.add(token.name)
+        digest = token.sha256.lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ConfigError(
+                f"setting {where}.sha256: must be 64 hex digits, the SHA-256 of the token "
+                "(`xr token hash` prints it)"
+            )
+        if digest in digests:
+            raise ConfigError(f"setting {where}.sha256: the same token is configured twice")
+        digests.add(digest)
+        if not token.tenant or "/" in token.tenant:
+            raise ConfigError(
+                f"setting {where}.tenant: {token.tenant!r} must be non-empty without '/'"
+            )

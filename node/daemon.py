@@ -1,0 +1,193 @@
+"""The region daemon: one replicated store, its HTTP API and the node's own duties.
+
+`run(config)` is what `xr node run` calls. It starts the Raft member from its data directory,
+serves the API, registers the region with the cluster once a leader is known, sends region
+heartbeats, logs leader changes, and on SIGTERM or SIGINT shuts down gracefully: it stops taking
+requests, lets in-flight ones finish (up to `http.shutdown_grace_s`), hands leadership to a
+caught-up follower if it leads, then stops the store and closes its files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+from node.api.app import SERVICES, create_app
+from node.config import NodeConfig
+from raftstore.store import RaftStore
+from xrcore.commands import RegionHeartbeat, RegionRegister
+from xrcore.errors import XrError
+
+__all__ = ["Node", "configure_logging", "run"]
+
+log = logging.getLogger("xr.node")
+HEARTBEAT_INTERVAL_S = 2.0
+LEADER_WATCH_INTERVAL_S = 0.2
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in ("request_id", "route", "region"):
+            if hasattr(record, name):
+                document[name] = getattr(record, name)
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return json.dumps(document)
+
+
+def configure_logging(config: NodeConfig) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if config.log.json:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(config.log.level.upper())
+    # pysyncobj logs every connection attempt at info.
+    logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+
+
+class Node:
+    """A started node: its store, its API on a socket, and its background duties."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.store = RaftStore(config.raft)
+        self.app = create_app(config, store=self.store)
+        self.runner: web.AppRunner | None = None
+        self._duties: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.store.start()
+        self.runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=self.config.http.shutdown_grace_s,
+        )
+        await self.runner.setup()
+        host, _, port = self.config.http.address.rpartition(":")
+        site = web.TCPSite(self.runner, host, int(port), reuse_address=True)
+        await site.start()
+        self._duties = [
+            asyncio.create_task(self._register_and_heartbeat()),
+            asyncio.create_task(self._watch_leader()),
+        ]
+        log.info(
+            "region %s serving http://%s (raft %s, peers %s, data %s)",
+            self.config.region.name,
+            self.config.http.address,
+            self.config.raft.self_address,
+            ",".join(self.config.raft.peers) or "-",
+            self.config.data_dir,
+        )
+
+    async def _register_and_heartbeat(self) -> None:
+        region = self.config.region
+        register = RegionRegister(
+            name=region.name,
+            http_address=self.config.http_advertise_address,
+            raft_address=self.config.raft.self_address,
+            provider=region.provider,
+            price_per_gpu_hour=region.price_per_gpu_hour,
+            carbon_g_per_kwh=region.carbon_g_per_kwh,
+            labels=dict(region.labels),
+            cpu_slots=region.cpu_slots,
+        )
+        registered = False
+        while True:
+            try:
+                if not registered:
+                    (await self.store.propose(register)).result.unwrap()
+                    registered = True
+                    log.info("region %s registered with the cluster", region.name)
+                else:
+                    await self.store.propose(RegionHeartbeat(name=region.name))
+            except XrError as error:
+                log.debug("region %s: registration or heartbeat failed: %s", region.name, error)
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S if registered else 0.2)
+
+    async def _watch_leader(self) -> None:
+        metrics = self.app[SERVICES].metrics
+        leader: str | None = None
+        while True:
+            status = self.store.status()
+            if status["leader"] != leader:
+                log.info(
+                    "leader is now %s (term %s)", status["leader"] or "unknown", status["term"]
+                )
+                if leader is not None and status["leader"] is not None:
+                    metrics.leader_changes.labels(self.config.region.name).inc()
+                leader = status["leader"]
+            await asyncio.sleep(LEADER_WATCH_INTERVAL_S)
+
+    async def stop(self) -> None:
+        services = self.app[SERVICES]
+        services.stopping.set()
+        for duty in self._duties:
+            duty.cancel()
+        for duty in self._duties:
+            with contextlib.suppress(asyncio.CancelledError):
+                await duty
+        if self.runner is not None:
+            # Stops listening, then waits up to shutdown_grace_s for in-flight requests.
+            await self.runner.cleanup()
+        if self.store.is_leader:
+            await self._hand_over_leadership()
+        await self.store.stop()
+        log.info("region %s stopped", self.config.region.name)
+
+    async def _hand_over_leadership(self) -> None:
+        status = self.store.status()
+        for member in status["members"]:
+            if not member["connected"]:
+                continue
+            try:
+                await self.store.transfer_leadership(member["address"], timeout_s=2.0)
+                log.info("handed leadership to %s", member["address"])
+                return
+            except XrError as error:
+                log.info("could not hand leadership to %s: %s", member["address"], error)
+
+
+async def serve(config: NodeConfig) -> None:
+    node = Node(config)
+    await node.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, stop.set)
+    print(f"xr node {config.region.name} ready at http://{config.http.address}", flush=True)
+    await stop.wait()
+    log.info("stopping region %s", config.region.name)
+    await node.stop()
+
+
+def run(config: NodeConfig) -> int:
+    configure_logging(config)
+    try:
+        import uvloop
+
+        uvloop.run(serve(config))
+    except ImportError:  # pragma: no cover - uvloop is a dependency outside Windows
+        asyncio.run(serve(config))
+    except OSError as error:
+        log.error("cannot start region %s: %s", config.region.name, error)
+        return 1
+    return 0

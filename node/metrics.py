@@ -1,0 +1,128 @@
+"""The node's Prometheus metrics, with units last in their names.
+
+Request metrics are counted by the HTTP middleware; Raft and state metrics are read from the store
+when `/metrics` is scraped (a collector), so they are never stale and cost nothing between scrapes.
+Each node has its own registry, so several nodes (tests, `xr up`) can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from raftstore.store import RaftStore
+
+__all__ = ["NodeMetrics"]
+
+_LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+
+class _StoreCollector(Collector):
+    def __init__(self, store: RaftStore, region: str) -> None:
+        self.store = store
+        self.region = region
+
+    def collect(self) -> Iterator[Any]:
+        status = self.store.status()
+        labels = ["region"]
+        values = [self.region]
+
+        def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, documentation, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        yield gauge("xr_raft_term", "The current Raft term.", status["term"])
+        yield gauge("xr_raft_commit_index", "The Raft commit index.", status["commit_index"])
+        yield gauge(
+            "xr_raft_applied_index", "The last applied Raft index.", status["applied_index"]
+        )
+        yield gauge(
+            "xr_raft_is_leader", "1 when this node leads.", 1 if status["state"] == "leader" else 0
+        )
+        yield gauge(
+            "xr_raft_has_quorum",
+            "1 when this node's leader has a quorum.",
+            1 if status["has_quorum"] else 0,
+        )
+        yield gauge(
+            "xr_raft_proposals_in_flight",
+            "Proposals waiting for their commit.",
+            status["proposals_in_flight"],
+        )
+
+        def census(machine: Any) -> tuple[int, int, int, int, Counter[str]]:
+            states: Counter[str] = Counter()
+            for job in machine.jobs.values():
+                states[job.state] += 1
+            return (
+                len(machine.locks),
+                len(machine.sessions),
+                len(machine.keys),
+                machine.revision,
+                states,
+            )
+
+        locks, sessions, keys, revision, states = self.store.replica.read(census)
+        yield gauge("xr_locks_held", "Locks held, all tenants.", locks)
+        yield gauge("xr_sessions", "Live sessions, all tenants.", sessions)
+        yield gauge("xr_kv_keys", "Keys stored, all tenants.", keys)
+        yield gauge("xr_kv_revision", "The KV store's revision.", revision)
+        jobs = GaugeMetricFamily(
+            "xr_jobs", "Jobs by state, all tenants.", labels=["region", "state"]
+        )
+        for state in ("pending", "assigned", "running", "succeeded", "failed", "cancelled"):
+            jobs.add_metric([self.region, state], states.get(state, 0))
+        yield jobs
+
+
+class NodeMetrics:
+    def __init__(self, store: RaftStore, region: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = PromCounter(
+            "xr_http_requests",
+            "HTTP requests answered, by route, method and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "xr_http_request_duration_seconds",
+            "HTTP request latency, by route and method.",
+            ["route", "method"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.leader_changes = PromCounter(
+            "xr_raft_leader_changes",
+            "Leader changes this node has seen since it started.",
+            ["region"],
+            registry=self.registry,
+        )
+        self.registry.register(_StoreCollector(store, region))
+
+    def observe(self, route: str, method: str, status: int, duration_s: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route, method).observe(duration_s)
