@@ -1,0 +1,262 @@
+"""A local cluster of N regions as child processes on loopback: what `xr up`, the tests, the
+benchmarks and the demo start.
+
+Each node is a real `xr node run` process with its own data directory under `base_dir`
+(`<base_dir>/<region>/`), its own log (`<base_dir>/<region>.log`) and ports chosen free by the
+operating system unless given. Nodes can be killed (-9), stopped (SIGTERM), paused and restarted
+from their data directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["LocalCluster", "LocalNode", "free_ports"]
+
+HOST = "127.0.0.1"
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the operating system reports free now (bound and released together, so distinct)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for item in sockets:
+            item.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            item.bind((HOST, 0))
+        return [item.getsockname()[1] for item in sockets]
+    finally:
+        for item in sockets:
+            item.close()
+
+
+@dataclass
+class LocalNode:
+    region: str
+    raft_port: int
+    http_port: int
+    data_dir: Path
+    log_path: Path
+    peers: list[str]
+    settings: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def raft_address(self) -> str:
+        return f"{HOST}:{self.raft_port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
+
+    def command(self) -> list[str]:
+        command = [
+            sys.executable, "-m", "node.cli", "node", "run",
+            "--region", self.region,
+            "--raft-address", self.raft_address,
+            "--peers", ",".join(self.peers),
+            "--http-address", f"{HOST}:{self.http_port}",
+            "--data-dir", str(self.data_dir),
+        ]  # fmt: skip
+        for name, value in sorted(self.settings.items()):
+            command += ["--set", f"{name}={value}"]
+        return command
+
+    def start(self) -> None:
+        if self.running:
+            raise RuntimeError(f"region {self.region} is already running")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The child must import this checkout's packages whatever the caller's directory.
+        root = str(Path(__file__).resolve().parent.parent)
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [root, environment.get("PYTHONPATH")])
+        )
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                start_new_session=True,
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1.0) as answer:
+                return bool(answer.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2.0) as answer:
+                return bool(json.load(answer).get("ready"))
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+
+    def kill(self) -> None:
+        """kill -9, and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        self._reap()
+
+    def terminate(self, *, timeout_s: float = 15.0) -> None:
+        """SIGTERM (graceful), then SIGKILL if it has not stopped in `timeout_s`."""
+        if self.process is not None and self.process.poll() is None:
+            if self.paused:
+                self.resume()
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._reap()
+
+    paused: bool = False
+
+    def pause(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+        self.paused = False
+
+    def _reap(self) -> None:
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(10.0)
+        self.paused = False
+
+    def log_tail(self, characters: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-characters:]
+        except OSError:
+            return ""
+
+
+class LocalCluster:
+    """N regions named `region_names` (default r0, r1, ...) under `base_dir`."""
+
+    def __init__(
+        self,
+        base_dir: Path,
+        *,
+        size: int = 3,
+        region_names: list[str] | None = None,
+        settings: dict[str, str] | None = None,
+        region_settings: dict[str, dict[str, str]] | None = None,
+        raft_ports: list[int] | None = None,
+        http_ports: list[int] | None = None,
+    ) -> None:
+        names = region_names or [f"r{position}" for position in range(size)]
+        ports = free_ports(2 * len(names))
+        raft_ports = raft_ports or ports[: len(names)]
+        http_ports = http_ports or ports[len(names) :]
+        self.base_dir = base_dir
+        addresses = [f"{HOST}:{port}" for port in raft_ports]
+        self.nodes: list[LocalNode] = []
+        for position, name in enumerate(names):
+            node_settings = dict(settings or {})
+            node_settings.update((region_settings or {}).get(name, {}))
+            self.nodes.append(
+                LocalNode(
+                    region=name,
+                    raft_port=raft_ports[position],
+                    http_port=http_ports[position],
+                    data_dir=base_dir / name,
+                    log_path=base_dir / f"{name}.log",
+                    peers=[address for address in addresses if address != addresses[position]],
+                    settings=node_settings,
+                )
+            )
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def node(self, region: str) -> LocalNode:
+        for node in self.nodes:
+            if node.region == region:
+                return node
+        raise KeyError(region)
+
+    def start(self, *, timeout_s: float = 30.0) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            node.start()
+        self.wait_ready(timeout_s=timeout_s)
+
+    def wait_ready(self, *, timeout_s: float = 30.0, nodes: list[LocalNode] | None = None) -> None:
+        """Waits until every (given) running node answers /readyz with ready; raises
+        RuntimeError with the logs of those that did not."""
+        waiting = [node for node in (nodes or self.nodes) if node.running]
+        deadline_s = time.monotonic() + timeout_s
+        while waiting:
+            waiting = [node for node in waiting if node.running and not node.ready()]
+            crashed = [
+                node
+                for node in (nodes or self.nodes)
+                if node.exit_code not in (None, -signal.SIGKILL, -signal.SIGTERM)
+            ]
+            if crashed:
+                raise RuntimeError(
+                    f"region {crashed[0].region} exited with {crashed[0].exit_code}:\n"
+                    f"{crashed[0].log_tail()}"
+                )
+            if not waiting:
+                return
+            if time.monotonic() > deadline_s:
+                logs = "\n".join(f"--- {node.region}\n{node.log_tail(1500)}" for node in waiting)
+                raise RuntimeError(f"regions not ready in {timeout_s} s:\n{logs}")
+            time.sleep(0.1)
+
+    def leader(self) -> LocalNode | None:
+        for node in self.nodes:
+            if not node.running or node.paused:
+                continue
+            try:
+                with urllib.request.urlopen(f"{node.url}/v1/cluster/status", timeout=1.0) as answer:
+                    status = json.load(answer)
+            except (OSError, urllib.error.URLError, ValueError):
+                continue
+            if status.get("state") == "leader":
+                return node
+        return None
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.terminate()
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.kill()
