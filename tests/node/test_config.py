@@ -1,0 +1,118 @@
+"""The node's configuration: file, environment and flags in that order of precedence, and errors
+that name the setting and the value (never a secret)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.config import ConfigError, hash_token, load_config
+
+BASE = {"region.name": "eu-west", "raft.address": "127.0.0.1:7001", "data_dir": "/tmp/xr-test"}
+
+
+def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text(
+        'data_dir = "/var/lib/xr"\n'
+        '[region]\nname = "from-file"\nprice_per_gpu_hour = 2.5\nlabels = { zone = "a" }\n'
+        '[raft]\naddress = "127.0.0.1:7001"\npeers = ["127.0.0.1:7002", "127.0.0.1:7003"]\n'
+        "[http]\nwait_max_s = 30\n"
+    )
+    config = load_config(
+        path=path,
+        environ={"XR_REGION_NAME": "from-env", "XR_HTTP_WAIT_MAX_S": "20"},
+        overrides={"region.name": "from-flag"},
+    )
+    assert config.region.name == "from-flag"
+    assert config.http.wait_max_s == 20.0
+    assert config.region.price_per_gpu_hour == 2.5
+    assert config.region.labels == {"zone": "a"}
+    assert config.raft.peers == ("127.0.0.1:7002", "127.0.0.1:7003")
+    assert config.raft.data_dir == Path("/var/lib/xr/raft")
+    assert config.sources["region.name"] == "flag"
+    assert config.sources["http.wait_max_s"] == "XR_HTTP_WAIT_MAX_S"
+
+
+def test_lists_and_labels_come_comma_separated_from_the_environment() -> None:
+    config = load_config(
+        environ={"XR_RAFT_PEERS": "127.0.0.1:7002, 127.0.0.1:7003", "XR_REGION_LABELS": "a=1,b=2"},
+        overrides=BASE,
+    )
+    assert config.raft.peers == ("127.0.0.1:7002", "127.0.0.1:7003")
+    assert config.region.labels == {"a": "1", "b": "2"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"http.wait_max_s": "soon"}, "http.wait_max_s"),
+        ({"http.wait_max_s": "-1"}, "http.wait_max_s"),
+        ({"http.address": "nowhere"}, "http.address"),
+        ({"raft.address": "127.0.0.1"}, "127.0.0.1"),
+        ({"raft.raft_min_timeout_s": "2"}, "raft.raft_min_timeout_s"),
+        ({"region.name": "has space"}, "region.name"),
+        ({"log.level": "loud"}, "log.level"),
+        ({"raft.unknown": "1"}, "raft.unknown"),
+    ],
+)
+def test_an_invalid_setting_is_named_with_its_value(overrides: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(environ={}, overrides={**BASE, **overrides})
+
+
+def test_a_missing_required_setting_is_named() -> None:
+    with pytest.raises(ConfigError, match="region"):
+        load_config(environ={}, overrides={"raft.address": "127.0.0.1:7001", "data_dir": "/x"})
+
+
+def test_raft_off_loopback_needs_a_cluster_secret_and_the_secret_is_never_shown(
+    tmp_path: Path,
+) -> None:
+    off_loopback = {**BASE, "raft.address": "10.0.0.1:7001"}
+    with pytest.raises(ConfigError, match="cluster_secret is required"):
+        load_config(environ={}, overrides=off_loopback)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("s3cret-value\n")
+    config = load_config(
+        environ={}, overrides={**off_loopback, "raft.cluster_secret_file": str(secret_file)}
+    )
+    assert config.raft.cluster_secret == "s3cret-value"
+    with pytest.raises(ConfigError) as raised:
+        load_config(
+            environ={},
+            overrides={
+                **off_loopback,
+                "raft.cluster_secret": "s3cret-value",
+                "raft.cluster_secret_file": str(secret_file),
+            },
+        )
+    assert "s3cret" not in str(raised.value)
+
+
+def test_tokens_are_configured_as_digests_with_a_role_and_a_tenant(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    digest = hash_token("alice-token")
+    path.write_text(
+        'data_dir = "/tmp/x"\n[region]\nname = "r0"\n[raft]\naddress = "127.0.0.1:7001"\n'
+        f'[[auth.tokens]]\nname = "alice"\nsha256 = "{digest}"\nrole = "tenant"\n'
+        'tenant = "team-a"\n'
+    )
+    config = load_config(path=path, environ={})
+    assert config.auth.tokens[0].tenant == "team-a"
+    path.write_text(path.read_text().replace('role = "tenant"', 'role = "king"'))
+    with pytest.raises(ConfigError, match=r"auth\.tokens\.0\.role"):
+        load_config(path=path, environ={})
+    path.write_text(path.read_text().replace(digest, "not-a-digest").replace("king", "tenant"))
+    with pytest.raises(ConfigError, match="sha256"):
+        load_config(path=path, environ={})
+
+
+def test_a_config_file_that_is_not_toml_is_reported_with_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("[region\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path=path, environ={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(path=tmp_path / "missing.toml", environ={})
