@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint typecheck unit bench clean
+.PHONY: demo test test-slow lint typecheck unit bench bench-api clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/core_apply.py
 	$(BIN)/python bench/raftstore.py
+
+# The HTTP API against a 3-member etcd 3.4 cluster, interleaved (installs etcd-server if missing).
+bench-api: $(STAMP)
+	$(BIN)/python bench/api.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
