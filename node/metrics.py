@@ -94,7 +94,8 @@ class _StoreCollector(Collector):
         jobs = GaugeMetricFamily(
             "xr_jobs", "Jobs by state, all tenants.", labels=["region", "state"]
         )
-        for state in ("pending", "assigned", "running", "succeeded", "failed", "cancelled"):
+        # A job's states (`Job.state`, derived from its tasks'): "assigned" is a task's state only.
+        for state in ("pending", "running", "succeeded", "failed", "cancelled"):
             jobs.add_metric([self.region, state], states.get(state, 0))
         yield jobs
 

@@ -27,6 +27,8 @@ from node.metrics import NodeMetrics
 from raftstore.clock import Clock, RealClock
 from raftstore.store import RaftStore, ReadResult
 from xrcore import StateMachine
+from xrcore._validate import NAME_BYTES_MAX, NAME_PATTERN
+from xrcore.codec import SEQ_MAX
 from xrcore.commands import Command
 from xrcore.errors import (
     CapacityExceeded,
@@ -36,7 +38,12 @@ from xrcore.errors import (
 )
 
 __all__ = [
+    "CLIENT_ID_HEADER",
+    "INDEX",
+    "INDEX_HEADER",
     "PRINCIPAL",
+    "REQUEST_ID_HEADER",
+    "SEQ_HEADER",
     "SERVICES",
     "Services",
     "create_app",
@@ -81,7 +88,9 @@ class Services:
 
 
 SERVICES = web.AppKey("services", Services)
-PRINCIPAL = "xr.principal"
+PRINCIPAL = web.RequestKey("principal", Principal)
+# The log index a read or write saw, answered in the Xr-Index header.
+INDEX = web.RequestKey("index", int)
 
 
 def services(request: web.Request) -> Services:
@@ -89,7 +98,7 @@ def services(request: web.Request) -> Services:
 
 
 def principal(request: web.Request, permission: Permission = Permission.DATA) -> Principal:
-    caller: Principal = request[PRINCIPAL]
+    caller = request[PRINCIPAL]
     caller.require(permission)
     return caller
 
@@ -105,21 +114,37 @@ def _idempotency(request: web.Request, caller: Principal) -> tuple[str | None, i
     if client_id is None or seq_text is None:
         raise InvalidArgument(f"{CLIENT_ID_HEADER} and {SEQ_HEADER} must be sent together")
     try:
-        seq = int(seq_text)
+        seq: int | None = int(seq_text)
     except ValueError:
-        raise InvalidArgument(f"{SEQ_HEADER} must be an integer, got {seq_text!r}") from None
+        seq = None
+    # Checked here, not only in the envelope, so the message names the header the caller sent.
+    if seq is None or not 1 <= seq <= SEQ_MAX:
+        raise InvalidArgument(
+            f"{SEQ_HEADER} must be an integer from 1 to {SEQ_MAX}, got {seq_text!r}"
+        )
+    if not client_id or NAME_PATTERN.fullmatch(client_id) is None:
+        raise InvalidArgument(
+            f"{CLIENT_ID_HEADER} must start with a letter or digit and contain only letters, "
+            f"digits and . _ : @ / -, got {client_id[:80]!r}"
+        )
+    scoped = caller.scoped(client_id)
+    if len(scoped.encode()) > NAME_BYTES_MAX:
+        raise InvalidArgument(
+            f"{CLIENT_ID_HEADER} is too long: with the tenant prefix it must fit "
+            f"{NAME_BYTES_MAX} bytes"
+        )
     # Clients live in their tenant's namespace: one tenant cannot read another's stored results.
-    return caller.scoped(client_id), seq
+    return scoped, seq
 
 
 async def write(request: web.Request, command: Command, *, idempotent: bool = True) -> Any:
     """Proposes a command with the request's idempotency key and returns its result's value, or
     raises its typed error. Any node takes writes: pysyncobj forwards them to the leader."""
     store = services(request).store
-    caller: Principal = request[PRINCIPAL]
+    caller = request[PRINCIPAL]
     client_id, seq = _idempotency(request, caller) if idempotent else (None, None)
     applied = await store.propose(command, client_id=client_id, seq=seq)
-    request[INDEX_HEADER] = applied.index
+    request[INDEX] = applied.index
     return applied.result.unwrap()
 
 
@@ -137,7 +162,7 @@ async def read(request: web.Request, query: Callable[[StateMachine], T]) -> Read
         query,
         consistency="stale" if consistency(request) == "stale" else "linearizable",
     )
-    request[INDEX_HEADER] = result.index
+    request[INDEX] = result.index
     return result
 
 
@@ -250,8 +275,8 @@ async def _middleware(
     duration_s = time.perf_counter() - started_s
     if not response.prepared:
         response.headers[REQUEST_ID_HEADER] = request_id
-        if INDEX_HEADER in request:
-            response.headers[INDEX_HEADER] = str(request[INDEX_HEADER])
+        if INDEX in request:
+            response.headers[INDEX_HEADER] = str(request[INDEX])
     route = _route_name(request)
     node.metrics.observe(route, request.method, response.status, duration_s)
     if access_log.isEnabledFor(logging.DEBUG) or response.status >= 500:

@@ -11,18 +11,29 @@ from aiohttp import web
 
 from node.api.app import principal, read, services, wait_s, waiting_slot, write
 from node.api.auth import Principal
-from node.api.wire import field, query_float, query_int, query_text, read_body, respond
+from node.api.wire import (
+    field,
+    query_float,
+    query_int,
+    query_text,
+    read_body,
+    reject_unknown,
+    respond,
+)
 from xrcore import jobs
 from xrcore.commands import JobCancel, JobSpec, JobSubmit
 from xrcore.errors import InvalidArgument, NotFound
 from xrcore.limits import MESSAGE_BYTES_MAX, RANGE_LIMIT_MAX
 from xrcore.model import TaskState
 
-__all__ = ["routes"]
+__all__ = ["JOB_STATES", "routes"]
 
 routes = web.RouteTableDef()
 _SPEC_FIELDS = frozenset(set(JobSpec.__struct_fields__) - {"tenant"})
 _FINISHED = frozenset(state.value for state in TaskState if state.terminal)
+# A job's state is derived from its tasks' (`Job.state`): a job whose tasks are assigned but not
+# yet running is still pending, so "assigned" is a task state and never a job's.
+JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 
 
 def _spec(body: dict[str, Any], caller: Principal) -> JobSpec:
@@ -66,10 +77,8 @@ async def submit(request: web.Request) -> web.Response:
 async def list_jobs(request: web.Request) -> web.Response:
     caller = principal(request)
     state = query_text(request, "state")
-    if state is not None and state not in {item.value for item in TaskState}:
-        raise InvalidArgument(
-            f"state must be one of {', '.join(item.value for item in TaskState)}, not {state!r}"
-        )
+    if state is not None and state not in JOB_STATES:
+        raise InvalidArgument(f"state must be one of {', '.join(JOB_STATES)}, not {state!r}")
     limit = query_int(request, "limit", default=100, low=1, high=RANGE_LIMIT_MAX)
     assert limit is not None
     after = query_text(request, "after", maximum_bytes=64)
@@ -123,6 +132,7 @@ async def cancel(request: web.Request) -> web.Response:
     caller = principal(request)
     job_id = _job_id(request)
     body = await read_body(request, required=False)
+    reject_unknown(body, {"reason"})
     reason = field(body, "reason", str, default="")
     if len(reason.encode()) > MESSAGE_BYTES_MAX:
         raise InvalidArgument(f"reason is longer than {MESSAGE_BYTES_MAX} bytes")

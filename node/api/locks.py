@@ -74,10 +74,15 @@ async def acquire(request: web.Request) -> web.Response:
     session_id = field(body, "session_id", str)
     waited_s = wait_s(request, field(body, "wait_s", float, default=0.0))
     await own_session(request, caller, session_id)
-    result = await write(request, LockAcquire(name=name, session_id=session_id, wait=waited_s > 0))
-    if result["granted"] or not result.get("queued"):
+    if waited_s == 0:
+        result = await write(request, LockAcquire(name=name, session_id=session_id))
         return respond(request, _view(caller, result))
+    # The waiting place is taken before the session joins the queue: a request refused with 429
+    # must not leave its session queued for a grant that nobody waits for.
     async with waiting_slot(request):
+        result = await write(request, LockAcquire(name=name, session_id=session_id, wait=True))
+        if result["granted"] or not result.get("queued"):
+            return respond(request, _view(caller, result))
         granted = await _wait_for_grant(request, name, session_id, waited_s)
     if granted is None:
         return respond(

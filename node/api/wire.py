@@ -73,6 +73,9 @@ async def read_body(request: web.Request, *, required: bool = True) -> dict[str,
         raise InvalidArgument(f"the request body is not valid {encoding}: {error}") from None
     if not isinstance(document, dict):
         raise InvalidArgument(f"the request body must be an object, not {type(document).__name__}")
+    # msgpack maps may have keys of any type; every field name is text.
+    if not all(isinstance(name, str) for name in document):
+        raise InvalidArgument("the request body's keys must all be strings (field names)")
     return document
 
 
@@ -183,9 +186,13 @@ def query_int(
     except ValueError:
         raise InvalidArgument(f"query parameter {name} must be an integer, got {text!r}") from None
     if (low is not None and value < low) or (high is not None and value > high):
-        raise InvalidArgument(
-            f"query parameter {name} must be between {low} and {high}, got {value}"
-        )
+        if high is None:
+            bounds = f"at least {low}"
+        elif low is None:
+            bounds = f"at most {high}"
+        else:
+            bounds = f"between {low} and {high}"
+        raise InvalidArgument(f"query parameter {name} must be {bounds}, got {value}")
     return value
 
 

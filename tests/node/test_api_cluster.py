@@ -1,0 +1,70 @@
+"""Regions, the cluster, health and metrics through the app factory, on a single-member cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.node.conftest import ApiNode
+
+pytestmark = pytest.mark.integration
+
+
+def test_regions__list_and_get_the_registered_region(api: ApiNode) -> None:
+    region = api.register_region()
+    listed = api.request("GET", "/v1/regions")
+    assert listed.status == 200
+    assert region in [item["name"] for item in listed.document["items"]]
+
+    shown = api.request("GET", f"/v1/regions/{region}")
+    assert shown.status == 200
+    assert shown.document["raft_address"] == api.config.raft.self_address
+    assert api.request("GET", "/v1/regions/no-such-region").status == 404
+
+
+def test_cluster_status__shows_this_node_leading_its_region(api: ApiNode) -> None:
+    region = api.register_region()
+    status = api.request("GET", "/v1/cluster/status")
+    assert status.status == 200
+    assert status.document["state"] == "leader"
+    assert status.document["leader"] == api.config.raft.self_address
+    assert status.document["leader_region"] == region
+    assert status.document["has_quorum"] is True
+
+
+def test_cluster_members__list_this_node_for_an_operator(api: ApiNode) -> None:
+    members = api.request("GET", "/v1/cluster/members", token="operator")
+    assert members.status == 200
+    [member] = members.document["items"]
+    assert (member["self"], member["leader"], member["region"]) == (True, True, "r0")
+
+
+def test_transfer_leader__to_the_leaders_own_region__changes_nothing(api: ApiNode) -> None:
+    region = api.register_region()
+    answer = api.request(
+        "POST", "/v1/cluster/transfer-leader", token="admin", json={"region": region}
+    )
+    assert answer.status == 200
+    assert answer.document == {"leader_region": region, "transferred": False}
+
+    unknown = api.request(
+        "POST", "/v1/cluster/transfer-leader", token="admin", json={"region": "nowhere"}
+    )
+    assert (unknown.status, unknown.error_code) == (404, "not_found")
+
+
+def test_healthz_and_readyz__answer_200_on_a_node_with_a_leader(api: ApiNode) -> None:
+    health = api.request("GET", "/healthz", token=None)
+    assert (health.status, health.document["status"]) == (200, "ok")
+    ready = api.request("GET", "/readyz", token=None)
+    assert (ready.status, ready.document["ready"], ready.document["reason"]) == (200, True, None)
+
+
+def test_metrics__expose_raft_and_request_series_as_prometheus_text(api: ApiNode) -> None:
+    api.ok("PUT", "/v1/kv/metrics-key", json={"value": "x"})
+    metrics = api.request("GET", "/metrics", token=None)
+    assert metrics.status == 200
+    assert metrics.headers["Content-Type"].startswith("text/plain")
+    text = metrics.body.decode()
+    assert 'xr_raft_term{region="r0"}' in text
+    assert 'xr_http_requests_total{method="PUT",route="/v1/kv/{key}",status="200"}' in text
+    assert "xr_kv_revision" in text

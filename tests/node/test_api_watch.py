@@ -1,0 +1,156 @@
+"""Watch through the app factory: long polls that return what another task writes, resuming from
+`next_revision` or `Last-Event-ID`, Server-Sent Events, and 410 for a compacted revision."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp import ClientResponse
+
+from tests.node.conftest import Answer, ApiNode, auth_headers, eventually
+from xrcore.limits import Limits
+
+pytestmark = pytest.mark.integration
+
+
+def test_long_poll__returns_a_put_made_by_another_task_while_it_waits(api: ApiNode) -> None:
+    start = api.revision() + 1
+
+    async def body() -> Answer:
+        watching = asyncio.ensure_future(
+            api.call("GET", f"/v1/watch?prefix=watch-poll/&from_revision={start}&wait_s=5")
+        )
+        await eventually(lambda: api.services.waiting == 1)
+        await api.call("PUT", "/v1/kv/watch-poll/a", json={"value": "1"})
+        return await watching
+
+    answer = api.run(body())
+    assert answer.status == 200
+    events = answer.document["events"]
+    assert [(event["kind"], event["key"], event["value"]) for event in events] == [
+        ("put", "watch-poll/a", "1")
+    ]
+    assert answer.document["next_revision"] == events[0]["revision"] + 1
+
+
+def test_long_poll__resumes_from_next_revision_and_sees_only_its_prefix(api: ApiNode) -> None:
+    start = api.revision() + 1
+    api.ok("PUT", "/v1/kv/watch-resume/a", json={"value": "1"})
+    api.ok("PUT", "/v1/kv/watch-elsewhere", json={"value": "not watched"})
+    api.ok("DELETE", "/v1/kv/watch-resume/a")
+
+    first = api.ok("GET", f"/v1/watch?prefix=watch-resume/&from_revision={start}&limit=1")
+    assert [event["kind"] for event in first["events"]] == ["put"]
+    second = api.ok("GET", f"/v1/watch?prefix=watch-resume/&from_revision={first['next_revision']}")
+    assert [(event["kind"], event["key"]) for event in second["events"]] == [
+        ("delete", "watch-resume/a")
+    ]
+    # Nothing new: an empty answer at once without wait_s, with where to continue from.
+    third = api.ok("GET", f"/v1/watch?prefix=watch-resume/&from_revision={second['next_revision']}")
+    assert third["events"] == []
+    assert third["next_revision"] >= second["next_revision"]
+
+
+def test_long_poll__resumes_after_last_event_id(api: ApiNode) -> None:
+    revisions = [
+        api.ok("PUT", f"/v1/kv/watch-last-id/{name}", json={"value": name})["revision"]
+        for name in ("a", "b")
+    ]
+    resumed = api.ok(
+        "GET",
+        "/v1/watch?prefix=watch-last-id/",
+        headers={"Last-Event-ID": str(revisions[0])},
+    )
+    assert [event["key"] for event in resumed["events"]] == ["watch-last-id/b"]
+
+
+async def _sse_events(response: ClientResponse, count: int) -> list[dict[str, Any]]:
+    """Reads `count` events (id, event, data) from a Server-Sent Events stream."""
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    while len(events) < count:
+        line = (await response.content.readline()).decode().rstrip("\n")
+        if line.startswith(":"):
+            continue
+        if not line:
+            if current:
+                events.append(current)
+                current = {}
+            continue
+        name, _, value = line.partition(": ")
+        current[name] = msgspec.json.decode(value) if name == "data" else value
+    return events
+
+
+def _sse_keys(events: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
+    for event in events:
+        assert int(event["id"]) == event["data"]["revision"]
+        yield event["event"], event["data"]["key"]
+
+
+def test_sse__streams_puts_and_deletes_and_resumes_with_last_event_id(api: ApiNode) -> None:
+    start = api.revision() + 1
+    headers = {**auth_headers("alpha"), "Accept": "text/event-stream"}
+    path = f"/v1/watch?prefix=watch-sse/&from_revision={start}"
+
+    async def body() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with api.client.get(path, headers=headers) as stream:
+            assert stream.status == 200
+            assert stream.headers["Content-Type"].startswith("text/event-stream")
+            await api.call("PUT", "/v1/kv/watch-sse/a", json={"value": "1"})
+            await api.call("PUT", "/v1/kv/watch-sse/b", json={"value": "2"})
+            await api.call("DELETE", "/v1/kv/watch-sse/a")
+            streamed = await _sse_events(stream, 3)
+        # EventSource reconnects with the id of the last event it saw.
+        resume = {**headers, "Last-Event-ID": streamed[0]["id"]}
+        async with api.client.get("/v1/watch?prefix=watch-sse/", headers=resume) as stream:
+            resumed = await _sse_events(stream, 2)
+        await eventually(lambda: api.services.streams == 0)
+        return streamed, resumed
+
+    streamed, resumed = api.run(body())
+    assert list(_sse_keys(streamed)) == [
+        ("put", "watch-sse/a"),
+        ("put", "watch-sse/b"),
+        ("delete", "watch-sse/a"),
+    ]
+    assert list(_sse_keys(resumed)) == [("put", "watch-sse/b"), ("delete", "watch-sse/a")]
+
+
+def test_watch__without_from_revision__is_400(api: ApiNode) -> None:
+    refused = api.request("GET", "/v1/watch?prefix=watch-")
+    assert (refused.status, refused.error_code) == (400, "request.invalid")
+    assert "from_revision" in refused.document["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def short_history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiNode]:
+    """A node that keeps only the last four changes, so a watch can fall behind cheaply."""
+    node = ApiNode(tmp_path_factory.mktemp("short-history"), limits=Limits(watch_history_max=4))
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def test_watch__from_a_compacted_revision__is_410_for_long_poll_and_sse(
+    short_history: ApiNode,
+) -> None:
+    for position in range(6):
+        short_history.ok("PUT", f"/v1/kv/compacted-{position}", json={"value": "x"})
+
+    polled = short_history.request("GET", "/v1/watch?from_revision=1")
+    assert (polled.status, polled.error_code) == (410, "kv.compacted")
+    streamed = short_history.request(
+        "GET", "/v1/watch?from_revision=1", headers={"Accept": "text/event-stream"}
+    )
+    assert (streamed.status, streamed.error_code) == (410, "kv.compacted")
+    # The retained revisions are still served.
+    retained = short_history.ok("GET", "/v1/watch?from_revision=3")
+    assert [event["key"] for event in retained["events"]] == [
+        f"compacted-{position}" for position in range(2, 6)
+    ]
