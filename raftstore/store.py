@@ -158,9 +158,13 @@ class RaftStore:
 
     def _drive(self) -> None:
         wait_s = self.config.tick_wait_s
+        # A member alone commits an entry on the tick after it appends it, and no peer's answer
+        # wakes it in between: tick again at once while its groups are in flight, or every
+        # write would wait out a full `tick_wait_s`.
+        alone = not self.config.peers
         while self._running:
             try:
-                self.replica.doTick(wait_s)
+                self.replica.doTick(0.0 if alone and self._groups else wait_s)
             except Exception:  # pragma: no cover - a bug in pysyncobj or xr; keep the node up
                 log.exception("raft tick failed")
 
