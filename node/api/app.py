@@ -196,7 +196,13 @@ def _route_name(request: web.Request) -> str:
 
 
 def _error_response(request: web.Request, error: XrError, status: int) -> web.Response:
-    response = respond(request, {"error": error.to_dict()}, status=status)
+    document = error.to_dict()
+    caller = request.get(PRINCIPAL)
+    if isinstance(caller, Principal):
+        # The core names keys and locks as stored, `'<tenant>/name'`; show the caller its own
+        # names. Only the caller's own prefix is removed, so nothing of another tenant shows.
+        document["message"] = str(document["message"]).replace(f"'{caller.prefix}", "'")
+    response = respond(request, {"error": document}, status=status)
     if status in (429, 503):
         response.headers["Retry-After"] = "1"
     return response

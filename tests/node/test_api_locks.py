@@ -56,6 +56,9 @@ def test_release__by_a_session_that_does_not_hold_the_lock__is_409(api: ApiNode)
         "POST", "/v1/locks/lock-not-held/release", json={"session_id": session_id}
     )
     assert (refused.status, refused.error_code) == (409, "lock.not_held")
+    # The caller sees its own name, not the name as stored under its tenant's prefix.
+    assert "'lock-not-held'" in refused.document["error"]["message"]
+    assert "default/" not in refused.document["error"]["message"]
 
 
 def test_waiting_acquire__is_granted_when_the_holder_releases(api: ApiNode) -> None:
