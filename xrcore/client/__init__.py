@@ -1,0 +1,97 @@
+"""The client library of xr: the one part of `xrcore` that does I/O (HTTP, through aiohttp).
+
+`AsyncClient` for asyncio code and `Client` for everything else have the same surface:
+
+    client.kv        put, get, delete, range, list, watch
+    client.sessions  grant, keepalive, revoke, get
+    client.locks     acquire, release, get, validate
+    client.jobs      submit, get, list, cancel, events, wait
+    client.regions   list, get
+    client.cluster   status, members, transfer_leader
+    client.health()  client.session(ttl_s=...)  client.lock(name, ttl_s=..., wait_s=...)
+
+Calls fail over between the given endpoints and retry until their deadline; writes carry an
+idempotency key so the cluster applies each exactly once however often it is retried. Errors are
+the classes of `xrcore.errors`, rebuilt from the server's error codes, plus `LockLost`,
+`SessionLost` and `LockNotGranted`, which only the client raises.
+"""
+
+from xrcore.client._api import (
+    AsyncCluster,
+    AsyncJobs,
+    AsyncKv,
+    AsyncLocks,
+    AsyncRegions,
+    AsyncSessions,
+)
+from xrcore.client._async import AsyncClient
+from xrcore.client._errors import LockLost, LockNotGranted, SessionLost
+from xrcore.client._leases import KeptSession, Lease
+from xrcore.client._models import (
+    Attempt,
+    Checkpoint,
+    ClusterStatus,
+    DeleteResult,
+    Health,
+    Job,
+    JobEvent,
+    JobPage,
+    JobSummary,
+    KeyPage,
+    KeyValue,
+    LockAcquisition,
+    LockInfo,
+    Member,
+    PutResult,
+    Region,
+    RegionGpu,
+    SessionInfo,
+    Task,
+    TokenValidation,
+    WatchEvent,
+)
+from xrcore.client._sync import Client, Cluster, Jobs, Kv, Locks, Regions, Sessions, Stream
+
+__all__ = [
+    "AsyncClient",
+    "AsyncCluster",
+    "AsyncJobs",
+    "AsyncKv",
+    "AsyncLocks",
+    "AsyncRegions",
+    "AsyncSessions",
+    "Attempt",
+    "Checkpoint",
+    "Client",
+    "Cluster",
+    "ClusterStatus",
+    "DeleteResult",
+    "Health",
+    "Job",
+    "JobEvent",
+    "JobPage",
+    "JobSummary",
+    "Jobs",
+    "KeptSession",
+    "KeyPage",
+    "KeyValue",
+    "Kv",
+    "Lease",
+    "LockAcquisition",
+    "LockInfo",
+    "LockLost",
+    "LockNotGranted",
+    "Locks",
+    "Member",
+    "PutResult",
+    "Region",
+    "RegionGpu",
+    "Regions",
+    "SessionInfo",
+    "SessionLost",
+    "Sessions",
+    "Stream",
+    "Task",
+    "TokenValidation",
+    "WatchEvent",
+]

@@ -1,0 +1,442 @@
+"""The asynchronous API groups of `AsyncClient`: `kv`, `sessions`, `locks`, `jobs`, `regions` and
+`cluster`, one class each, thin over the transport.
+
+Each method is one call (or a loop of calls for iterators and waits) that shapes the request,
+lets the transport retry and fail over, and returns the typed values of `_models`. A `get` of
+something that does not exist returns None; every other miss raises `NotFound`. Long-lived
+loops (a watch, waiting for a job) ride out an outage of up to `retry_s` before they raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncGenerator
+from typing import Any, Literal
+from urllib.parse import quote
+
+from xrcore.client._models import (
+    ClusterStatus,
+    DeleteResult,
+    Job,
+    JobEvent,
+    JobPage,
+    KeyPage,
+    KeyValue,
+    LockAcquisition,
+    LockInfo,
+    Member,
+    PutResult,
+    Region,
+    SessionInfo,
+    TokenValidation,
+    WatchEvent,
+    convert,
+    key_value,
+    watch_event,
+)
+from xrcore.client._transport import Transport
+from xrcore.errors import (
+    ClusterUnavailable,
+    LeaderChanged,
+    NotFound,
+    Timeout,
+    UnknownOutcome,
+    XrError,
+)
+
+__all__ = [
+    "OUTAGE_ERRORS",
+    "AsyncCluster",
+    "AsyncJobs",
+    "AsyncKv",
+    "AsyncLocks",
+    "AsyncRegions",
+    "AsyncSessions",
+]
+
+# What a call raises when the cluster could not answer it in time: a long-lived loop retries
+# these (with the same position) until its outage allowance runs out.
+OUTAGE_ERRORS = (ClusterUnavailable, Timeout, LeaderChanged, UnknownOutcome)
+# The longest one long poll asks the server to wait (the server allows up to http.wait_max_s,
+# 60 s by default); a loop of polls waits longer.
+POLL_S = 20.0
+# Keys per page of `kv.list` and events per long poll of `kv.watch`.
+PAGE_LIMIT = 100
+
+
+def _segment(name: str) -> str:
+    """One path segment, percent-encoded (slashes too)."""
+    if not name:
+        raise ValueError("a name in a path must not be empty")
+    return quote(name, safe="")
+
+
+class _OutageAllowance:
+    """How long a loop of calls keeps going while every call fails for want of a cluster."""
+
+    def __init__(self, retry_s: float) -> None:
+        self._retry_s = retry_s
+        self._failing_since_s: float | None = None
+
+    def succeeded(self) -> None:
+        self._failing_since_s = None
+
+    def failed(self, error: XrError) -> None:
+        """Returns when the loop may go on; raises `error` once the outage has lasted `retry_s`."""
+        now_s = asyncio.get_running_loop().time()
+        if self._failing_since_s is None:
+            self._failing_since_s = now_s
+        if now_s - self._failing_since_s >= self._retry_s:
+            raise error
+
+
+class AsyncKv:
+    """Keys in the caller's tenant namespace: get, put with compare-and-set, delete, ranges,
+    and a watch of changes that resumes where it stopped."""
+
+    def __init__(self, transport: Transport, *, retry_s: float) -> None:
+        self._transport = transport
+        self._retry_s = retry_s
+
+    async def put(
+        self,
+        key: str,
+        value: bytes | str,
+        *,
+        expected_mod_revision: int | None = None,
+        session_id: str | None = None,
+    ) -> PutResult:
+        """Writes `key`. `expected_mod_revision` makes it a compare-and-set (`CompareFailed`
+        when the key's mod revision differs; 0: the key must not exist). A key written with
+        `session_id` is deleted when that session ends."""
+        body: dict[str, Any] = (
+            {"value": value} if isinstance(value, str) else {"value_base64": _base64(value)}
+        )
+        if expected_mod_revision is not None:
+            body["expected_mod_revision"] = expected_mod_revision
+        if session_id is not None:
+            body["session_id"] = session_id
+        document = await self._transport.call("PUT", _key_path(key), body=body, write=True)
+        return convert(document, PutResult)
+
+    async def get(
+        self, key: str, *, consistency: Literal["linearizable", "stale"] = "linearizable"
+    ) -> KeyValue | None:
+        """The key, or None when it does not exist. `stale` reads the answering node's state
+        without a read barrier: faster, possibly behind."""
+        try:
+            document = await self._transport.call(
+                "GET", _key_path(key), query={"consistency": consistency}
+            )
+        except NotFound:
+            return None
+        return key_value(document)
+
+    async def delete(self, key: str, *, expected_mod_revision: int | None = None) -> DeleteResult:
+        """Deletes `key`; `deleted` is False when it did not exist."""
+        query = None
+        if expected_mod_revision is not None:
+            query = {"expected_mod_revision": str(expected_mod_revision)}
+        document = await self._transport.call("DELETE", _key_path(key), query=query, write=True)
+        return DeleteResult(deleted=bool(document["deleted"]), revision=document["revision"])
+
+    async def range(
+        self, prefix: str = "", *, limit: int = 100, after: str | None = None
+    ) -> KeyPage:
+        """One page of the keys starting with `prefix` in byte order, after key `after`."""
+        query = {"prefix": prefix, "limit": str(limit)}
+        if after is not None:
+            query["after"] = after
+        document = await self._transport.call("GET", "/v1/kv", query=query)
+        return KeyPage(
+            items=tuple(key_value(item) for item in document["items"]),
+            next=document["next"],
+            revision=document["revision"],
+        )
+
+    async def list(self, prefix: str = "") -> AsyncGenerator[KeyValue, None]:
+        """Every key starting with `prefix`, page after page (each page is a separate read)."""
+        after: str | None = None
+        while True:
+            page = await self.range(prefix, limit=PAGE_LIMIT, after=after)
+            for item in page.items:
+                yield item
+            if page.next is None:
+                return
+            after = page.next
+
+    async def watch(
+        self, prefix: str = "", *, from_revision: int
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """Every change under `prefix` from `from_revision` on, oldest first, each once. Long
+        polls; after a lost connection or a failover it resumes from the revision after the
+        last event it delivered. Raises `Compacted` when that revision is no longer retained,
+        and an outage error when no node answered for `retry_s`."""
+        next_revision = from_revision
+        allowance = _OutageAllowance(self._retry_s)
+        while True:
+            query = {
+                "prefix": prefix,
+                "from_revision": str(next_revision),
+                "limit": str(PAGE_LIMIT),
+            }
+            try:
+                document = await self._transport.call(
+                    "GET", "/v1/watch", query=query, wait_s=POLL_S
+                )
+            except OUTAGE_ERRORS as error:
+                allowance.failed(error)
+                continue
+            allowance.succeeded()
+            for item in document["events"]:
+                event = watch_event(item)
+                # An answer never repeats what was delivered, but a watcher must not see an
+                # event twice even if a server did.
+                if event.revision < next_revision:
+                    continue
+                next_revision = event.revision + 1
+                yield event
+            next_revision = max(next_revision, int(document["next_revision"]))
+
+
+class AsyncSessions:
+    """Sessions: leases that hold locks and keys while their owner keeps them alive."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    async def grant(self, ttl_s: float) -> SessionInfo:
+        """A new session that ends `ttl_s` after its last keep-alive (1 s to 1 h)."""
+        document = await self._transport.call(
+            "POST", "/v1/sessions", body={"ttl_ms": round(ttl_s * 1000)}, write=True
+        )
+        return convert(document, SessionInfo)
+
+    async def keepalive(self, session_id: str) -> SessionInfo:
+        """Renews the session for another TTL; `NotFound` when it has ended."""
+        return await self._keepalive(session_id, timeout_s=None)
+
+    async def _keepalive(self, session_id: str, *, timeout_s: float | None) -> SessionInfo:
+        """`keepalive` with its own deadline (a keeper must know before the TTL runs out)."""
+        document = await self._transport.call(
+            "POST",
+            f"/v1/sessions/{_segment(session_id)}/keepalive",
+            write=True,
+            timeout_s=timeout_s,
+        )
+        return convert(document, SessionInfo)
+
+    async def revoke(self, session_id: str) -> None:
+        """Ends the session: its locks pass to their next waiters and its keys are deleted."""
+        await self._transport.call("DELETE", f"/v1/sessions/{_segment(session_id)}", write=True)
+
+    async def get(self, session_id: str) -> SessionInfo | None:
+        try:
+            document = await self._transport.call("GET", f"/v1/sessions/{_segment(session_id)}")
+        except NotFound:
+            return None
+        return convert(document, SessionInfo)
+
+
+class AsyncLocks:
+    """Fenced locks held by sessions, with FIFO wait queues."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    async def acquire(self, name: str, session_id: str, *, wait_s: float = 0.0) -> LockAcquisition:
+        """Takes the lock for the session, waiting in the lock's queue up to `wait_s`. Not
+        granted: `granted` is False (with `queued` when `wait_s` was 0 and the session is now
+        in the queue anyway, or `timed_out` when the wait ended)."""
+        path = f"/v1/locks/{_segment(name)}/acquire"
+        if wait_s <= 0:
+            document = await self._transport.call(
+                "POST", path, body={"session_id": session_id}, write=True
+            )
+            return convert(document, LockAcquisition)
+        loop = asyncio.get_running_loop()
+        wait_until_s = loop.time() + wait_s
+        while True:
+            document = await self._transport.call(
+                "POST",
+                path,
+                body={"session_id": session_id},
+                write=True,
+                wait_s=max(0.0, wait_until_s - loop.time()),
+                wait_in="body",
+            )
+            result = convert(document, LockAcquisition)
+            # A node that stops ends its waits early and takes the session out of the queue;
+            # while the caller's wait lasts, join again (a new request, so a new seq: the old
+            # one's stored answer is "queued").
+            if result.granted or not result.timed_out or loop.time() >= wait_until_s - 0.1:
+                return result
+
+    async def release(self, name: str, session_id: str) -> bool:
+        """Releases the lock (True), or leaves its queue (False); `LockNotHeld` otherwise."""
+        document = await self._transport.call(
+            "POST",
+            f"/v1/locks/{_segment(name)}/release",
+            body={"session_id": session_id},
+            write=True,
+        )
+        return bool(document.get("released", False))
+
+    async def get(self, name: str) -> LockInfo | None:
+        """The holder, token and queue of the lock, or None when nobody holds it."""
+        try:
+            document = await self._transport.call("GET", f"/v1/locks/{_segment(name)}")
+        except NotFound:
+            return None
+        return convert(document, LockInfo)
+
+    async def validate(self, name: str, token: int) -> TokenValidation:
+        """Whether `token` is the lock's current grant, through a read barrier."""
+        document = await self._transport.call(
+            "POST", f"/v1/locks/{_segment(name)}/validate", body={"token": token}
+        )
+        return convert(document, TokenValidation)
+
+
+class AsyncJobs:
+    """Jobs of the caller's tenant: submit, inspect, cancel and wait for them to finish."""
+
+    def __init__(self, transport: Transport, *, retry_s: float) -> None:
+        self._transport = transport
+        self._retry_s = retry_s
+
+    async def submit(
+        self,
+        name: str,
+        *,
+        workload: str | None = None,
+        entrypoint: str | None = None,
+        args: dict[str, Any] | str | None = None,
+        gpus: int = 0,
+        array_size: int = 1,
+        priority: int = 0,
+        **more_spec_fields: Any,
+    ) -> str:
+        """Submits a job (exactly one of `workload` and `entrypoint`); returns its id. Other
+        fields of the job spec (`regions_allow`, `max_attempts`, ...) go in `more_spec_fields`."""
+        spec: dict[str, Any] = {
+            "name": name,
+            "gpus": gpus,
+            "array_size": array_size,
+            "priority": priority,
+            **more_spec_fields,
+        }
+        for field_name, given in (("workload", workload), ("entrypoint", entrypoint)):
+            if given is not None:
+                spec[field_name] = given
+        if args is not None:
+            spec["args"] = args
+        document = await self._transport.call("POST", "/v1/jobs", body=spec, write=True)
+        return str(document["job_id"])
+
+    async def get(self, job_id: str) -> Job | None:
+        try:
+            document = await self._transport.call("GET", _job_path(job_id))
+        except NotFound:
+            return None
+        return convert(document, Job)
+
+    async def list(
+        self, *, state: str | None = None, limit: int = 100, after: str | None = None
+    ) -> JobPage:
+        """One page of jobs in submission order, optionally in one state, after job `after`."""
+        query = {"limit": str(limit)}
+        if state is not None:
+            query["state"] = state
+        if after is not None:
+            query["after"] = after
+        document = await self._transport.call("GET", "/v1/jobs", query=query)
+        return convert(document, JobPage)
+
+    async def cancel(self, job_id: str, *, reason: str = "") -> int:
+        """Cancels the job's unfinished tasks; returns how many were cancelled.
+        `InvalidTransition` when the job has already finished."""
+        document = await self._transport.call(
+            "POST", f"{_job_path(job_id)}/cancel", body={"reason": reason}, write=True
+        )
+        return int(document["cancelled_tasks"])
+
+    async def events(self, job_id: str) -> tuple[JobEvent, ...]:
+        """The job's timeline: submission, then each attempt's start and end, in time order."""
+        document = await self._transport.call("GET", f"{_job_path(job_id)}/events")
+        return convert(document["events"], tuple[JobEvent, ...])
+
+    async def wait(self, job_id: str, *, timeout_s: float | None = None) -> Job:
+        """The job once every task has finished (succeeded, failed or cancelled). Long polls;
+        `Timeout` when it has not finished within `timeout_s` (None: no limit), `NotFound` when
+        there is no such job."""
+        loop = asyncio.get_running_loop()
+        deadline_s = None if timeout_s is None else loop.time() + timeout_s
+        allowance = _OutageAllowance(self._retry_s)
+        while True:
+            poll_s = POLL_S
+            if deadline_s is not None:
+                left_s = deadline_s - loop.time()
+                if left_s <= 0:
+                    raise Timeout(f"job {job_id!r} did not finish within {timeout_s} s")
+                poll_s = min(poll_s, left_s)
+            try:
+                document = await self._transport.call("GET", _job_path(job_id), wait_s=poll_s)
+            except OUTAGE_ERRORS as error:
+                allowance.failed(error)
+                continue
+            allowance.succeeded()
+            job = convert(document, Job)
+            if job.finished:
+                return job
+
+
+class AsyncRegions:
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    async def list(self) -> tuple[Region, ...]:
+        document = await self._transport.call("GET", "/v1/regions")
+        return convert(document["items"], tuple[Region, ...])
+
+    async def get(self, name: str) -> Region | None:
+        try:
+            document = await self._transport.call("GET", f"/v1/regions/{_segment(name)}")
+        except NotFound:
+            return None
+        return convert(document, Region)
+
+
+class AsyncCluster:
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    async def status(self) -> ClusterStatus:
+        """The answering node's view: its role, the leader, term and indexes."""
+        return convert(await self._transport.call("GET", "/v1/cluster/status"), ClusterStatus)
+
+    async def members(self) -> tuple[Member, ...]:
+        document = await self._transport.call("GET", "/v1/cluster/members")
+        return convert(document["items"], tuple[Member, ...])
+
+    async def transfer_leader(self, region: str) -> bool:
+        """Moves leadership to `region`'s node; False when it already leads."""
+        document = await self._transport.call(
+            "POST", "/v1/cluster/transfer-leader", body={"region": region}
+        )
+        return bool(document["transferred"])
+
+
+def _key_path(key: str) -> str:
+    if not key:
+        raise ValueError("a key must not be empty")
+    return f"/v1/kv/{quote(key, safe='/')}"
+
+
+def _job_path(job_id: str) -> str:
+    return f"/v1/jobs/{_segment(job_id)}"
+
+
+def _base64(value: bytes) -> str:
+    return base64.b64encode(value).decode()

@@ -1,0 +1,336 @@
+"""One HTTP call to the cluster, with failover across endpoints, retries and exactly-once writes.
+
+The rules, in the order a call meets them:
+
+1. A call has one deadline: `timeout_s` from its start, plus the time the server may wait for a
+   long poll (`wait_s`). Every try, back-off and `Retry-After` pause fits inside it.
+2. A write carries an idempotency key, the client's `Xr-Client-Id` and an `Xr-Seq` drawn once per
+   call. Every try of the call re-sends the same key, so the state machine applies the write at
+   most once and answers a repeat with the stored result. That stored answer is authoritative,
+   so a definite error answered to a retry is raised as definite.
+3. No answer (refused, reset, timed out), 5xx, or a node without a leader: the next endpoint is
+   tried; after each full round of endpoints the call backs off (50 ms doubling to 1 s, with
+   jitter).
+4. 429 (`cluster.overloaded`, `limit.capacity`): the same endpoint again, with the same key,
+   after `Retry-After`, if that fits before the deadline; otherwise the 429's own error is raised
+   (or `Timeout`, if an earlier try may have been applied). A `limit.capacity` from the state
+   machine itself is stored under the key, so its retries repeat it until the deadline.
+5. Any other error answer is raised at once as the same `xrcore.errors` class the server used.
+6. Deadline passed: `Timeout` (indefinite) when some try may have reached the state machine (a
+   write sent without an answer, or answered with an indefinite error); `ClusterUnavailable`
+   (definite) when no try could have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+import msgspec
+import yarl
+
+from xrcore.errors import ClusterUnavailable, Timeout, XrError, error_from_code
+
+__all__ = ["Transport", "normalize_endpoint"]
+
+log = logging.getLogger("xr.client")
+
+CLIENT_ID_HEADER = "Xr-Client-Id"
+SEQ_HEADER = "Xr-Seq"
+REQUEST_ID_HEADER = "Xr-Request-Id"
+_BACKOFF_BASE_S = 0.05
+_BACKOFF_MAX_S = 1.0
+# One try may use at most this share of a call's own timeout (besides a long poll's wait), so a
+# node that accepts connections but never answers (paused, wedged) leaves time to try another.
+_TRY_SHARE = 0.5
+_TRY_MIN_S = 1.0
+# A connect slower than this, even across regions, is to a dead or unreachable node.
+_CONNECT_MAX_S = 3.0
+_RETRY_AFTER_DEFAULT_S = 1.0
+_json_encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder()
+
+
+def normalize_endpoint(endpoint: str) -> str:
+    """`host:port` or `http://host:port/` as `http://host:port`."""
+    text = endpoint.strip()
+    if not text:
+        raise ValueError("an endpoint must not be empty")
+    if "://" not in text:
+        text = f"http://{text}"
+    return text.rstrip("/")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Answer:
+    status: int
+    document: Any
+    retry_after_s: float
+
+
+class Transport:
+    """The endpoints, the HTTP session and the idempotency key's sequence of one client. Lives on
+    one event loop; the aiohttp session is made on first use, inside that loop."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        client_id: str | None = None,
+    ) -> None:
+        listed = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not listed:
+            raise ValueError("give at least one endpoint")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.endpoints: tuple[str, ...] = tuple(normalize_endpoint(item) for item in listed)
+        self.timeout_s = timeout_s
+        self.client_id = client_id or f"client-{secrets.token_hex(8)}"
+        self._token = token
+        # Seqs start at the wall clock in microseconds, so a client restarted with the same
+        # `client_id` keeps drawing seqs above those of its previous run and never receives a
+        # result stored for an older write.
+        self._seq = time.time_ns() // 1_000
+        self._current = 0
+        self._random = random.Random()
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    @property
+    def current_endpoint(self) -> str:
+        return self.endpoints[self._current]
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256),
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+        return self._session
+
+    def _headers(self, request_id: str) -> dict[str, str]:
+        headers = {"Accept": "application/json", REQUEST_ID_HEADER: request_id}
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return headers
+
+    def _rotate_from(self, failed: int) -> None:
+        # Several calls may fail on the same endpoint at once; only the first moves the client
+        # on, so the others do not skip past a healthy endpoint.
+        if self._current == failed:
+            self._current = (failed + 1) % len(self.endpoints)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
+        write: bool = False,
+        wait_s: float | None = None,
+        wait_in: Literal["query", "body"] = "query",
+        timeout_s: float | None = None,
+    ) -> Any:
+        """The decoded answer of `method path`, following the rules in the module docstring.
+        `path` is already percent-encoded. `wait_s` makes the call a long poll: the deadline grows
+        by it, and each try sends the wait that is left as `wait_s` in the query or the body."""
+        loop = asyncio.get_running_loop()
+        own_timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        started_s = loop.time()
+        wait_until_s = started_s + (wait_s or 0.0)
+        deadline_s = wait_until_s + own_timeout_s
+        headers = self._headers(secrets.token_hex(8))
+        if write:
+            headers[CLIENT_ID_HEADER] = self.client_id
+            headers[SEQ_HEADER] = str(self.next_seq())
+        uncertain = False
+        last_problem = "no try was made"
+        tries = 0
+        while True:
+            now_s = loop.time()
+            remaining_s = deadline_s - now_s
+            if remaining_s <= 0:
+                raise _give_up(method, path, own_timeout_s, uncertain, last_problem)
+            endpoint_index = self._current
+            wait_left_s = max(0.0, wait_until_s - now_s) if wait_s is not None else None
+            try_timeout_s = min(
+                remaining_s, (wait_left_s or 0.0) + max(_TRY_MIN_S, own_timeout_s * _TRY_SHARE)
+            )
+            tries += 1
+            try:
+                answer = await self._try(
+                    self.endpoints[endpoint_index],
+                    method,
+                    path,
+                    headers=headers,
+                    query=_with_wait(
+                        query, wait_left_s if wait_in == "query" else None, as_text=True
+                    ),
+                    body=_with_wait(
+                        body, wait_left_s if wait_in == "body" else None, as_text=False
+                    ),
+                    timeout_s=try_timeout_s,
+                )
+            except aiohttp.ClientConnectorError as error:
+                # Refused or unreachable: the request was never sent.
+                last_problem = f"{self.endpoints[endpoint_index]}: {error}"
+            except (aiohttp.ClientError, TimeoutError) as error:
+                # Sent, but the answer was lost: a write may have been applied.
+                uncertain = uncertain or write
+                last_problem = f"{self.endpoints[endpoint_index]}: {type(error).__name__} {error}"
+            else:
+                if answer.status < 400:
+                    return answer.document
+                failure = _server_error(answer.status, answer.document)
+                if answer.status == 429:
+                    if loop.time() + answer.retry_after_s < deadline_s:
+                        await asyncio.sleep(answer.retry_after_s)
+                        continue
+                    if uncertain:
+                        raise _give_up(method, path, own_timeout_s, uncertain, repr(failure))
+                    raise failure
+                if answer.status < 500:
+                    raise failure
+                uncertain = uncertain or (write and not failure.definite)
+                last_problem = (
+                    f"{self.endpoints[endpoint_index]}: {failure.code}: {failure.message}"
+                )
+            log.debug("%s %s: try %d failed (%s)", method, path, tries, last_problem)
+            self._rotate_from(endpoint_index)
+            await self._back_off(tries, deadline_s - loop.time())
+
+    async def _back_off(self, tries: int, remaining_s: float) -> None:
+        # Straight on to the next endpoint within a round; a pause after each full round.
+        if tries % len(self.endpoints) != 0 or remaining_s <= 0:
+            return
+        rounds = tries // len(self.endpoints)
+        delay_s = min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2 ** min(rounds - 1, 16))
+        delay_s *= 0.5 + self._random.random() / 2
+        await asyncio.sleep(min(delay_s, remaining_s))
+
+    async def _try(
+        self,
+        endpoint: str,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        query: Mapping[str, str] | None,
+        body: Mapping[str, Any] | None,
+        timeout_s: float,
+    ) -> _Answer:
+        url = yarl.URL(endpoint + path, encoded=True)
+        data = None if body is None else _json_encoder.encode(body)
+        sent_headers = dict(headers)
+        if data is not None:
+            sent_headers["Content-Type"] = "application/json"
+        async with self._http().request(
+            method,
+            url,
+            params=query,
+            data=data,
+            headers=sent_headers,
+            timeout=aiohttp.ClientTimeout(
+                total=timeout_s, sock_connect=min(timeout_s, _CONNECT_MAX_S)
+            ),
+        ) as response:
+            raw = await response.read()
+            return _Answer(
+                status=response.status,
+                document=_decode(raw),
+                retry_after_s=_retry_after_s(response.headers.get("Retry-After")),
+            )
+
+    async def probe(self, path: str) -> tuple[int, Any]:
+        """One try of `GET path` on the current endpoint, whatever the status; no failover.
+        Raises `ClusterUnavailable` when the endpoint does not answer."""
+        endpoint = self.current_endpoint
+        try:
+            answer = await self._try(
+                endpoint,
+                "GET",
+                path,
+                headers=self._headers(secrets.token_hex(8)),
+                query=None,
+                body=None,
+                timeout_s=self.timeout_s,
+            )
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise ClusterUnavailable(f"{endpoint} did not answer: {error}") from None
+        return answer.status, answer.document
+
+
+def _with_wait(
+    fields: Mapping[str, Any] | None, wait_s: float | None, *, as_text: bool
+) -> dict[str, Any] | None:
+    """`fields` with the wait that is left as `wait_s` (text in a query, a number in a body)."""
+    if wait_s is None:
+        return None if fields is None else dict(fields)
+    shown = dict(fields or {})
+    # Milliseconds are precision enough for a wait.
+    rounded_s = round(wait_s, 3)
+    shown["wait_s"] = str(rounded_s) if as_text else rounded_s
+    return shown
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return _json_decoder.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+def _retry_after_s(header: str | None) -> float:
+    if header is None:
+        return _RETRY_AFTER_DEFAULT_S
+    try:
+        return max(0.0, float(header))
+    except ValueError:
+        return _RETRY_AFTER_DEFAULT_S
+
+
+def _server_error(status: int, document: Any) -> XrError:
+    """The typed error an error answer carries; an answer without one (a proxy's page) becomes
+    an indefinite `XrError` naming the status."""
+    info = document.get("error") if isinstance(document, dict) else None
+    if isinstance(info, dict) and isinstance(info.get("code"), str):
+        return error_from_code(info["code"], str(info.get("message", "")))
+    return XrError(f"HTTP {status} without an xr error in the answer")
+
+
+def _give_up(
+    method: str, path: str, timeout_s: float, uncertain: bool, last_problem: str
+) -> XrError:
+    if uncertain:
+        return Timeout(
+            f"{method} {path}: no answer within {timeout_s} s; it may or may not have been "
+            f"applied (last: {last_problem})"
+        )
+    return ClusterUnavailable(
+        f"{method} {path}: no node could serve it within {timeout_s} s; nothing was applied "
+        f"(last: {last_problem})"
+    )
