@@ -1,103 +1,82 @@
-"""The `xr` command line. Each subcommand is documented by `xr <command> --help`."""
+"""The `xr` command line: run a node or a local cluster, and talk to a cluster.
+
+Each command is documented by `xr <command> --help` and docs/cli.md gives a tour. The commands
+live by topic in `node/cli_*.py`; this module assembles them and turns every failure into an exit
+code (see `node.cli_common`): 0 success, 1 a definite error, 2 a usage error, 3 an indefinite
+error (the request may have taken effect), 130 Ctrl-C. A failure prints one line,
+`xr: <code>: <message>`, on stderr; a bad input or an unreachable cluster never prints a
+traceback.
+"""
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
-from importlib.metadata import version
 
-__all__ = ["main"]
+import click
 
+from node.cli_cluster import cluster, region
+from node.cli_common import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CommandFailed,
+    error_line,
+    exit_code_for,
+)
+from node.cli_job import job
+from node.cli_kv import kv
+from node.cli_lock import lock, session
+from node.cli_node import demo, node, token, up, version
 
-def _demo(arguments: argparse.Namespace) -> int:
-    from node.demo import run
+__all__ = ["main", "xr"]
 
-    return run()
-
-
-def _node_run(arguments: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from node.config import ConfigError, load_config
-    from node.daemon import run
-
-    overrides: dict[str, str] = {}
-    for name, setting in (
-        ("region", "region.name"),
-        ("raft_address", "raft.address"),
-        ("peers", "raft.peers"),
-        ("http_address", "http.address"),
-        ("data_dir", "data_dir"),
-        ("cluster_secret_file", "raft.cluster_secret_file"),
-    ):
-        value = getattr(arguments, name)
-        if value is not None:
-            overrides[setting] = value
-    for item in arguments.set or []:
-        setting, separator, value = item.partition("=")
-        if not separator:
-            print(f"xr node run: --set {item!r} must be name=value", file=sys.stderr)
-            return 2
-        overrides[setting.strip()] = value
-    try:
-        config = load_config(
-            path=None if arguments.config is None else Path(arguments.config),
-            overrides=overrides,
-        )
-    except ConfigError as error:
-        print(f"xr node run: invalid configuration: {error}", file=sys.stderr)
-        return 2
-    return run(config)
+# 128 + SIGPIPE, as a shell reports a command whose reader went away (`xr kv ls | head`).
+_EXIT_BROKEN_PIPE = 141
 
 
-def _version(arguments: argparse.Namespace) -> int:
-    print(f"xr {version('xr')}")
-    return 0
+@click.group(
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.pass_context
+def xr(context: click.Context) -> None:
+    """xr: one control plane for accelerators in many regions.
+
+    Start a local cluster with `xr up`, then use the other commands with the endpoints it
+    prints (XR_ENDPOINTS). Every client command takes --endpoints, --token, --token-file,
+    --config, --json and --timeout.
+    """
+    if context.invoked_subcommand is None:
+        click.echo(context.get_help())
+        context.exit(EXIT_USAGE)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="xr", description="xr: one control plane for accelerators in many regions."
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = commands.add_parser(
-        "demo",
-        help="run the demo scenario",
-        description="Run a scripted multi-region scenario against the replicated core: regions "
-        "join, a fenced lock changes hands, a job fails over to another region and resumes from "
-        "its checkpoint, a zombie is fenced off, and replicas are shown to agree.",
-    )
-    demo.set_defaults(handler=_demo)
-    node = commands.add_parser("node", help="run a region's node daemon")
-    node_commands = node.add_subparsers(dest="node_command", metavar="COMMAND", required=True)
-    node_run = node_commands.add_parser("run", help="run this region's node")
-    node_run.add_argument("--config", help="TOML configuration file")
-    node_run.add_argument("--region", help="region name (region.name)")
-    node_run.add_argument("--raft-address", help="host:port for Raft (raft.address)")
-    node_run.add_argument("--peers", help="comma-separated Raft addresses of the other nodes")
-    node_run.add_argument("--http-address", help="host:port for the API (http.address)")
-    node_run.add_argument("--data-dir", help="data directory (data_dir)")
-    node_run.add_argument("--cluster-secret-file", help="file holding the cluster secret")
-    node_run.add_argument(
-        "--set",
-        action="append",
-        metavar="NAME=VALUE",
-        help="any setting, e.g. --set http.wait_max_s=30",
-    )
-    node_run.set_defaults(handler=_node_run)
-    show_version = commands.add_parser("version", help="print the version")
-    show_version.set_defaults(handler=_version)
-    return parser
+for command in (up, kv, lock, session, job, region, cluster, token, node, demo, version):
+    xr.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    arguments = parser.parse_args(argv)
-    if arguments.command is None:
-        parser.print_help()
-        return 2
-    code: int = arguments.handler(arguments)
-    return code
+    """Runs one `xr` command and returns its exit code (never raises for a failed request)."""
+    from xrcore.errors import XrError
+
+    try:
+        result = xr.main(args=argv, prog_name="xr", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    except click.ClickException as error:
+        error.show()
+        return error.exit_code
+    except XrError as error:
+        click.echo(error_line(error.code, error.message), err=True)
+        return exit_code_for(definite=error.definite)
+    except CommandFailed as error:
+        click.echo(error_line(error.code, error.message), err=True)
+        return error.exit_code
+    except BrokenPipeError:
+        # Python would complain again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _EXIT_BROKEN_PIPE
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,328 @@
+"""`xr job`: submit jobs, list and inspect them, cancel them and follow them to the end."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from node.cli_common import (
+    CommandFailed,
+    client_options,
+    connect,
+    emit,
+    format_time_ms,
+    json_output,
+    key_values,
+    non_empty,
+    table,
+    to_document,
+)
+from xrcore.limits import ARRAY_SIZE_MAX, GPUS_PER_TASK_MAX, PRIORITY_MAX, PRIORITY_MIN
+from xrcore.model import TaskState
+
+if TYPE_CHECKING:
+    from xrcore.client import Client, Job, JobSummary
+
+__all__ = ["job"]
+
+_STATES = [state.value for state in TaskState]
+# How often `xr job watch` looks at the job: a change shows at most this late.
+_WATCH_POLL_S = 1.0
+_LOGS_NOTE = (
+    "log capture arrives with the executor (not built yet); this is the job's event timeline, "
+    "not its output"
+)
+
+
+@click.group()
+def job() -> None:
+    """Submit, list, inspect, cancel and follow jobs."""
+
+
+def _json_object(context: click.Context, parameter: click.Parameter, text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise click.BadParameter(f"not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise click.BadParameter("must be a JSON object, e.g. '{\"steps\": 10}'")
+    return document
+
+
+@job.command("submit")
+@click.argument("name", callback=non_empty)
+@click.option("--workload", metavar="W", help="A built-in workload to run.")
+@click.option("--entrypoint", metavar="PKG.MOD:FN", help="A function to run, package.module:fn.")
+@click.option(
+    "--args",
+    "arguments",
+    metavar="JSON",
+    callback=_json_object,
+    help="Arguments for the workload or function, a JSON object.",
+)
+@click.option("--gpus", type=click.IntRange(0, GPUS_PER_TASK_MAX), default=0, help="GPUs per task.")
+@click.option(
+    "--array",
+    "array_size",
+    type=click.IntRange(1, ARRAY_SIZE_MAX),
+    default=1,
+    metavar="N",
+    help="Run N tasks (indexes 0..N-1) [default 1].",
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(PRIORITY_MIN, PRIORITY_MAX),
+    default=0,
+    help="Higher runs first [default 0].",
+)
+@click.option("--wait", is_flag=True, help="Follow the job like `xr job watch` until it finishes.")
+@client_options
+def job_submit(
+    name: str,
+    workload: str | None,
+    entrypoint: str | None,
+    arguments: dict[str, Any] | None,
+    gpus: int,
+    array_size: int,
+    priority: int,
+    wait: bool,
+) -> int:
+    """Submit a job called NAME and print its id.
+
+    Give exactly one of --workload and --entrypoint. With --wait the exit code is 0 if the job
+    succeeded and 1 if it failed or was cancelled.
+    """
+    if (workload is None) == (entrypoint is None):
+        raise click.UsageError("give exactly one of --workload and --entrypoint")
+    with connect() as client:
+        job_id = client.jobs.submit(
+            name,
+            workload=workload,
+            entrypoint=entrypoint,
+            args=arguments or {},
+            gpus=gpus,
+            array_size=array_size,
+            priority=priority,
+        )
+        if not wait:
+            emit({"job_id": job_id}, job_id)
+            return 0
+        if not json_output():
+            click.echo(f"submitted {job_id}")
+        return _follow(client, job_id)
+
+
+@job.command("ls")
+@click.option("--state", type=click.Choice(_STATES), help="Only jobs in this state.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="At most N jobs [default: every job, read page by page].",
+)
+@client_options
+def job_ls(state: str | None, limit: int | None) -> int:
+    """List jobs in submission order."""
+    from xrcore.limits import RANGE_LIMIT_MAX
+
+    items: list[JobSummary] = []
+    after: str | None = None
+    with connect() as client:
+        while limit is None or len(items) < limit:
+            page_size = (
+                RANGE_LIMIT_MAX if limit is None else min(RANGE_LIMIT_MAX, limit - len(items))
+            )
+            page = client.jobs.list(state=state, limit=page_size, after=after)
+            items.extend(page.items)
+            after = page.next
+            if after is None:
+                break
+
+    def human() -> None:
+        if not items:
+            click.echo("no jobs")
+            return
+        rows = [
+            [
+                item.job_id,
+                item.name,
+                item.state,
+                item.array_size,
+                item.priority,
+                format_time_ms(item.submitted_at_ms),
+            ]
+            for item in items
+        ]
+        click.echo(table(["JOB ID", "NAME", "STATE", "TASKS", "PRIORITY", "SUBMITTED"], rows))
+
+    emit({"items": to_document(items)}, human)
+    return 0
+
+
+@job.command("show")
+@click.argument("job_id", metavar="ID", callback=non_empty)
+@client_options
+def job_show(job_id: str) -> int:
+    """Show a job: its state, each task's state, region, progress and attempts."""
+    with connect() as client:
+        found = _get(client, job_id)
+
+    def human() -> None:
+        click.echo(
+            key_values(
+                [
+                    ("job", found.job_id),
+                    ("name", found.name),
+                    ("state", found.state),
+                    ("tenant", found.tenant),
+                    ("priority", found.priority),
+                    ("submitted", format_time_ms(found.submitted_at_ms)),
+                    ("tasks", found.array_size),
+                    ("cancel reason", found.cancel_reason or None),
+                ]
+            )
+        )
+        click.echo("")
+        rows = [
+            [
+                task.index,
+                task.state,
+                task.region,
+                len(task.attempts),
+                task.failures,
+                f"{task.done}/{task.total}" if task.total else None,
+                None if task.checkpoint is None else task.checkpoint.step,
+                task.error,
+            ]
+            for task in found.tasks
+        ]
+        headers = ["TASK", "STATE", "REGION", "ATTEMPTS", "FAILURES", "PROGRESS", "CHECKPOINT"]
+        click.echo(table([*headers, "ERROR"], rows))
+
+    emit(found, human)
+    return 0
+
+
+@job.command("cancel")
+@click.argument("job_id", metavar="ID", callback=non_empty)
+@click.option("--reason", default="", help="Why, kept with the job.")
+@client_options
+def job_cancel(job_id: str, reason: str) -> int:
+    """Cancel a job's unfinished tasks."""
+    with connect() as client:
+        cancelled = client.jobs.cancel(job_id, reason=reason)
+    emit(
+        {"job_id": job_id, "cancelled_tasks": cancelled}, f"cancelled {job_id} ({cancelled} tasks)"
+    )
+    return 0
+
+
+@job.command("watch")
+@click.argument("job_id", metavar="ID", callback=non_empty)
+@client_options
+def job_watch(job_id: str) -> int:
+    """Print the job's state changes until it finishes.
+
+    Exit code 0 if it succeeded, 1 if it failed or was cancelled. With --json each change is one
+    JSON line (the job's state and its tasks').
+    """
+    with connect() as client:
+        return _follow(client, job_id)
+
+
+def _snapshot(found: Job) -> dict[str, Any]:
+    return {
+        "job_id": found.job_id,
+        "state": found.state,
+        "tasks": [
+            {
+                "index": task.index,
+                "state": task.state,
+                "region": task.region,
+                "attempts": len(task.attempts),
+                "error": task.error,
+            }
+            for task in found.tasks
+        ],
+    }
+
+
+def _get(client: Client, job_id: str) -> Job:
+    found = client.jobs.get(job_id)
+    if found is None:
+        raise CommandFailed("not_found", f"job {job_id!r} does not exist")
+    return found
+
+
+def _follow(client: Client, job_id: str) -> int:
+    """Prints each change of the job's or its tasks' states until the job finishes."""
+    previous: dict[str, Any] | None = None
+    while True:
+        found = _get(client, job_id)
+        current = _snapshot(found)
+        if current != previous:
+            _print_changes(previous, current)
+            previous = current
+        if found.finished:
+            break
+        time.sleep(_WATCH_POLL_S)
+    if found.state == "succeeded":
+        return 0
+    reason = found.cancel_reason or next((task.error for task in found.tasks if task.error), None)
+    raise CommandFailed(
+        f"job.{found.state}",
+        f"job {job_id} {found.state}" + (f": {reason}" if reason else ""),
+    )
+
+
+def _print_changes(previous: dict[str, Any] | None, current: dict[str, Any]) -> None:
+    if json_output():
+        click.echo(json.dumps(current))
+        return
+    before = {} if previous is None else {task["index"]: task for task in previous["tasks"]}
+    if previous is None or previous["state"] != current["state"]:
+        click.echo(f"job {current['job_id']}: {current['state']}")
+    for task in current["tasks"]:
+        if before.get(task["index"]) != task:
+            where = f" in {task['region']}" if task["region"] else ""
+            attempt = f" (attempt {task['attempts']})" if task["attempts"] else ""
+            error = f": {task['error']}" if task["error"] else ""
+            click.echo(f"  task {task['index']}: {task['state']}{where}{attempt}{error}")
+
+
+@job.command("logs")
+@click.argument("job_id", metavar="ID", callback=non_empty)
+@client_options
+def job_logs(job_id: str) -> int:
+    """Show what is known of a job's run: for now its event timeline.
+
+    Log capture arrives with the executor, which is not built yet: until then this prints the
+    job's events (submission, each attempt's start and end, with region and outcome), never the
+    job's output.
+    """
+    with connect() as client:
+        events = client.jobs.events(job_id)
+
+    def human() -> None:
+        click.echo(f"note: {_LOGS_NOTE}")
+        rows = [
+            [
+                format_time_ms(event.at_ms),
+                event.kind,
+                event.task_index,
+                event.attempt,
+                event.region,
+                event.outcome or (None if event.restored_step is None else "restored"),
+                event.error,
+            ]
+            for event in events
+        ]
+        click.echo(table(["TIME", "EVENT", "TASK", "ATTEMPT", "REGION", "OUTCOME", "ERROR"], rows))
+
+    emit({"job_id": job_id, "note": _LOGS_NOTE, "events": to_document(events)}, human)
+    return 0

@@ -1,0 +1,597 @@
+"""The `xr` command line: help and parsing for every command (through click's CliRunner), the
+connection settings, `xr node run --check`, `xr token hash`, and end to end against a cluster
+started with `xr up` as a subprocess (KV, locks, `lock run`, jobs, regions, the cluster, error
+lines and exit codes), ending with Ctrl-C to `xr up`, which must stop every node.
+
+Waits on processes and the cluster have generous deadlines that only guard against a hung test;
+nothing here asserts on how long anything takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from node.cli import main, xr
+from node.cli_common import ClientOptions, resolve_settings, table
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+# Failsafes against a hung test, not assertions about speed.
+UP_READY_S = 120.0
+EVENTUALLY_S = 30.0
+PROCESS_EXIT_S = 60.0
+
+
+def _all_commands(
+    group: click.Group, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    for name, command in sorted(group.commands.items()):
+        yield (*path, name), command
+        if isinstance(command, click.Group):
+            yield from _all_commands(command, (*path, name))
+
+
+ALL_COMMANDS = list(_all_commands(xr))
+
+
+@pytest.mark.parametrize(
+    "path", [path for path, _ in ALL_COMMANDS], ids=[" ".join(p) for p, _ in ALL_COMMANDS]
+)
+def test_help__every_command_has_help_text(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(xr, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    command = dict(ALL_COMMANDS)[path]
+    assert command.help and command.help.strip(), f"xr {' '.join(path)} has no help text"
+    assert f"Usage: xr {' '.join(path)}" in result.output
+
+
+def test_help__client_commands_take_the_connection_options() -> None:
+    result = CliRunner().invoke(xr, ["kv", "get", "--help"])
+    for option in ("--endpoints", "--token", "--token-file", "--config", "--json", "--timeout"):
+        assert option in result.output
+
+
+def test_help__job_logs_says_log_capture_is_not_built_yet() -> None:
+    result = CliRunner().invoke(xr, ["job", "logs", "--help"])
+    assert "Log capture arrives with the executor" in result.output
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["up", "--regions", "2", "--region", "a"],
+        ["up", "--region", "a", "--region", "a"],
+        ["up", "--region", "a/b"],
+        ["up", "--regions", "0"],
+        ["job", "submit", "train"],
+        ["job", "submit", "train", "--workload", "w", "--entrypoint", "a.b:c"],
+        ["job", "submit", "train", "--workload", "w", "--args", "[1]"],
+        ["job", "submit", "train", "--workload", "w", "--args", "{nope"],
+        ["job", "ls", "--state", "sleeping"],
+        ["lock", "run", "name"],
+        ["lock", "release", "name"],
+        ["kv", "get", ""],
+        ["kv", "get", "key", "--timeout", "0"],
+        ["kv", "get", "key", "--token", "a", "--token-file", "b"],
+        ["kv", "get", "key", "--endpoints", " , "],
+        ["kv", "ls", "--limit", "0"],
+        ["node", "run", "--set", "no-equals-sign"],
+        ["no-such-command"],
+    ],
+)
+def test_usage_errors__exit_two(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(arguments) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert "Error" in captured.err
+
+
+def test_settings__flags_then_environment_then_file_then_defaults(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file-token\n")
+    config = tmp_path / "client.toml"
+    config.write_text(
+        f'endpoints = ["10.0.0.1:8700", "http://10.0.0.2:8700/"]\n'
+        f'token_file = "{token_file}"\ntimeout_s = 4\n'
+    )
+    from_file = resolve_settings(ClientOptions(config_file=str(config)), {})
+    assert from_file.endpoints == ["http://10.0.0.1:8700", "http://10.0.0.2:8700"]
+    assert from_file.token == "from-file-token"
+    assert from_file.timeout_s == 4
+    environment = {"XR_ENDPOINTS": "h:1", "XR_TOKEN": "env-token", "XR_CLIENT_CONFIG": str(config)}
+    from_environment = resolve_settings(ClientOptions(), environment)
+    assert from_environment.endpoints == ["http://h:1"]
+    assert from_environment.token == "env-token"
+    assert from_environment.timeout_s == 4
+    from_flags = resolve_settings(
+        ClientOptions(endpoints="f:1,f:2", token="flag-token", timeout_s=2.5), environment
+    )
+    assert from_flags.endpoints == ["http://f:1", "http://f:2"]
+    assert from_flags.token == "flag-token"
+    assert from_flags.timeout_s == 2.5
+    defaults = resolve_settings(ClientOptions(), {})
+    assert defaults.endpoints == ["http://127.0.0.1:8700"]
+    assert defaults.token is None
+
+
+def test_settings__unknown_client_config_setting_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "client.toml"
+    config.write_text('endpoint = "typo:1"\n')
+    assert main(["kv", "get", "key", "--config", str(config)]) == 2
+    assert "unknown setting(s) endpoint" in capsys.readouterr().err
+
+
+def test_table__aligns_columns_and_shows_none_as_dash() -> None:
+    assert table(["A", "LONGER"], [["xyz", None], ["", True]]).splitlines() == [
+        "A    LONGER",
+        "xyz  -",
+        "     yes",
+    ]
+
+
+def test_node_run__invalid_config_exits_two_naming_the_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = ["node", "run", "--region", "r0", "--raft-address", "127.0.0.1:7001"]
+    arguments += ["--data-dir", str(tmp_path), "--set", "http.wait_max_s=-1"]
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("xr node run: invalid configuration: ")
+    assert "http.wait_max_s" in error
+    assert main(["node", "run", "--region", "r0", "--data-dir", str(tmp_path)]) == 2
+    assert "raft" in capsys.readouterr().err
+
+
+def test_node_run__check_prints_the_settings_and_hides_the_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("do-not-print-me\n")
+    config = tmp_path / "node.toml"
+    config.write_text(f'data_dir = "{tmp_path}"\n[region]\nname = "r7"\n[http]\nwait_max_s = 9\n')
+    arguments = ["node", "run", "--check", "--config", str(config)]
+    arguments += ["--raft-address", "127.0.0.1:7001", "--cluster-secret-file", str(secret)]
+    assert main(arguments) == 0
+    output = capsys.readouterr().out
+    assert "do-not-print-me" not in output
+    rows = {line.split()[0]: line.split()[1:] for line in output.splitlines()[2:]}
+    assert rows["region.name"] == ['"r7"', str(config)]
+    assert rows["http.wait_max_s"] == ["9.0", str(config)]
+    assert rows["raft.address"] == ['"127.0.0.1:7001"', "flag"]
+    assert rows["raft.cluster_secret"] == ["(hidden)", "flag"]
+    assert rows["http.address"][1] == "default"
+
+
+def test_token_hash__reads_stdin_or_generates() -> None:
+    runner = CliRunner()
+    result = runner.invoke(xr, ["token", "hash"], input="s3cret\n")
+    assert result.exit_code == 0
+    assert result.output.splitlines()[0] == hashlib.sha256(b"s3cret").hexdigest()
+    generated = runner.invoke(xr, ["token", "hash", "--generate", "--name", "ci"])
+    lines = generated.output.splitlines()
+    token = next(line for line in lines if line.startswith("# the token")).split()[-1]
+    assert lines[0] == hashlib.sha256(token.encode()).hexdigest()
+    assert 'name = "ci"' in generated.output
+    empty = runner.invoke(xr, ["token", "hash"], input="\n")
+    assert empty.exit_code == 2
+
+
+def test_lock_run__a_missing_command_exits_127_before_taking_the_lock(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The endpoint does not exist: the command is checked before any request is made.
+    arguments = ["lock", "run", "l", "--endpoints", "127.0.0.1:9", "--", "no-such-command-xr"]
+    assert main(arguments) == 127
+    assert "xr: command.not_found: no-such-command-xr: command not found" in capsys.readouterr().err
+
+
+def test_unreachable_cluster__one_error_line_and_no_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    port = _free_port()
+    assert main(["kv", "get", "k", "--endpoints", f"127.0.0.1:{port}", "--timeout", "0.5"]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("xr: cluster.unavailable: ")
+    assert error.count("\n") == 1
+    assert "Traceback" not in error
+
+
+# End to end, against `xr up`.
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _xr_command(*arguments: str) -> list[str]:
+    return [sys.executable, "-m", "node.cli", *arguments]
+
+
+def _environment() -> dict[str, str]:
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+    )
+    environment.pop("XR_ENDPOINTS", None)
+    environment.pop("XR_TOKEN", None)
+    return environment
+
+
+class UpProcess:
+    """`xr up` running in the background, its output read by a thread."""
+
+    def __init__(self, base_dir: Path, *arguments: str) -> None:
+        self.base_dir = base_dir
+        self.process = subprocess.Popen(
+            _xr_command("up", "--dir", str(base_dir), *arguments),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_environment(),
+            cwd=ROOT,
+        )
+        self.lines: list[str] = []
+        self.error_lines: list[str] = []
+        self.printed_endpoints = threading.Event()
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.process.stdout, self.lines)),
+            threading.Thread(target=self._read, args=(self.process.stderr, self.error_lines)),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream: Any, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("export XR_ENDPOINTS="):
+                self.printed_endpoints.set()
+        stream.close()
+
+    def output(self) -> str:
+        return "\n".join(self.lines) + "\n--- stderr\n" + "\n".join(self.error_lines)
+
+    @property
+    def endpoints(self) -> str:
+        line = next(line for line in self.lines if line.startswith("export XR_ENDPOINTS="))
+        return line.partition("=")[2]
+
+    @property
+    def pids(self) -> list[int]:
+        """The PIDs in the table `xr up` printed."""
+        start = next(i for i, line in enumerate(self.lines) if line.startswith("REGION  PID"))
+        rows = []
+        for line in self.lines[start + 1 :]:
+            if not line.strip():
+                break
+            rows.append(int(line.split()[1]))
+        return rows
+
+    def wait(self, timeout_s: float = PROCESS_EXIT_S) -> int:
+        code = self.process.wait(timeout_s)
+        for reader in self._readers:
+            reader.join(timeout_s)
+        return code
+
+    def kill(self) -> None:
+        """Failsafe: SIGINT (so it stops its nodes), then SIGKILL."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(PROCESS_EXIT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wait(10)
+
+
+def _processes_under(path: Path) -> list[str]:
+    found = subprocess.run(
+        ["pgrep", "-af", str(path)], capture_output=True, text=True, check=False
+    ).stdout
+    return [line for line in found.splitlines() if "pgrep" not in line]
+
+
+def _group_exists(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _eventually(check: Callable[[], Any], what: str) -> Any:
+    deadline_s = time.monotonic() + EVENTUALLY_S
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline_s:
+            raise AssertionError(f"not true within {EVENTUALLY_S} s: {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    running = UpProcess(tmp_path_factory.mktemp("up") / "cluster", "--regions", "3")
+    try:
+        if not running.printed_endpoints.wait(UP_READY_S):
+            raise AssertionError(f"xr up printed no endpoints:\n{running.output()}")
+        yield running
+    finally:
+        running.kill()
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def run(up: UpProcess, capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
+    """`main([...])` against the `xr up` cluster; the exit code and what it printed."""
+
+    def run_xr(*arguments: str) -> Ran:
+        capsys.readouterr()
+        # Options go before `--`, after which comes the command of `xr lock run`.
+        split = arguments.index("--") if "--" in arguments else len(arguments)
+        code = main([*arguments[:split], "--endpoints", up.endpoints, *arguments[split:]])
+        captured = capsys.readouterr()
+        assert "Traceback" not in captured.err, captured.err
+        return Ran(code, captured.out, captured.err)
+
+    return run_xr
+
+
+def test_up__prints_a_row_and_an_endpoint_per_region(up: UpProcess) -> None:
+    assert len(up.pids) == 3
+    assert len(up.endpoints.split(",")) == 3
+    assert all(f"{up.base_dir}/r{i}.log" in up.output() for i in range(3))
+
+
+def test_kv__put_get_ls_del(run: Callable[..., Ran]) -> None:
+    put = run("kv", "put", "cli/kv/a", "alpha")
+    assert put.code == 0 and put.out.startswith("revision ")
+    assert run("kv", "put", "cli/kv/b", "beta").code == 0
+    assert run("kv", "get", "cli/kv/a").out == "alpha\n"
+    listed = run("kv", "ls", "--prefix", "cli/kv/")
+    assert [line.split()[:2] for line in listed.out.splitlines()] == [
+        ["KEY", "VALUE"],
+        ["cli/kv/a", "alpha"],
+        ["cli/kv/b", "beta"],
+    ]
+    document = run("kv", "ls", "--prefix", "cli/kv/", "--json").json()
+    assert [item["key"] for item in document["items"]] == ["cli/kv/a", "cli/kv/b"]
+    assert document["items"][1]["value"] == "beta"
+    first = run("kv", "ls", "--prefix", "cli/kv/", "--limit", "1", "--json").json()["items"]
+    assert [item["key"] for item in first] == ["cli/kv/a"]
+    got = run("kv", "get", "cli/kv/b", "--json").json()
+    assert got["value"] == "beta" and got["version"] == 1
+    assert run("kv", "del", "cli/kv/a").out.startswith("deleted cli/kv/a")
+    missing = run("kv", "get", "cli/kv/a")
+    assert missing.code == 1
+    assert missing.err == "xr: not_found: key 'cli/kv/a' does not exist\n"
+
+
+def test_kv__a_failed_compare_and_set_is_a_definite_error(run: Callable[..., Ran]) -> None:
+    revision = int(run("kv", "put", "cli/cas", "1").out.split()[1])
+    assert run("kv", "put", "cli/cas", "2", "--expect-revision", str(revision)).code == 0
+    stale = run("kv", "put", "cli/cas", "3", "--expect-revision", str(revision))
+    assert stale.code == 1
+    assert stale.err.startswith("xr: kv.compare_failed: ")
+    assert run("kv", "get", "cli/cas").out == "2\n"
+
+
+def test_kv_watch__prints_changes_and_exits_130_on_ctrl_c(
+    up: UpProcess, run: Callable[..., Ran]
+) -> None:
+    watcher = subprocess.Popen(
+        _xr_command("kv", "watch", "--prefix", "cli/watch/", "--endpoints", up.endpoints),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_environment(),
+        cwd=ROOT,
+    )
+    try:
+        output = watcher.stdout
+        assert output is not None
+        # The watch starts after the current revision; keep writing until it shows a change.
+        first_line: list[str] = []
+        reader = threading.Thread(target=lambda: first_line.append(output.readline()))
+        reader.start()
+        _eventually(
+            lambda: first_line or run("kv", "put", "cli/watch/k", "v").code != 0,
+            "the watch printed a change",
+        )
+        reader.join(PROCESS_EXIT_S)
+        assert first_line[0].split()[1:] == ["put", "cli/watch/k", "v"]
+        watcher.send_signal(signal.SIGINT)
+        _, error = watcher.communicate(timeout=PROCESS_EXIT_S)
+        assert watcher.returncode == 130
+        assert "Traceback" not in error
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+
+
+def test_lock__acquire_show_release(run: Callable[..., Ran]) -> None:
+    acquired = run("lock", "acquire", "cli-lock", "--ttl", "30", "--json").json()
+    assert acquired["token"] >= 1
+    shown = run("lock", "show", "cli-lock", "--json").json()
+    assert (shown["holder"], shown["token"]) == (acquired["session_id"], acquired["token"])
+    taken = run("lock", "acquire", "cli-lock")
+    assert taken.code == 1 and taken.err.startswith("xr: lock.not_granted: ")
+    released = run("lock", "release", "cli-lock", "--session", acquired["session_id"])
+    assert released.code == 0
+    assert run("lock", "show", "cli-lock").out == "lock cli-lock is free\n"
+    again = run("lock", "release", "cli-lock", "--session", acquired["session_id"])
+    assert again.code == 1 and again.err.startswith("xr: lock.not_held: ")
+
+
+def test_lock_run__passes_the_token_and_the_exit_code(
+    run: Callable[..., Ran], tmp_path: Path
+) -> None:
+    written = tmp_path / "token"
+    script = f'echo "$XR_LOCK_TOKEN $XR_LOCK_NAME" > {written}; exit 7'
+    ran = run("lock", "run", "cli-run", "--", "sh", "-c", script)
+    assert ran.code == 7
+    token, name = written.read_text().split()
+    assert int(token) >= 1 and name == "cli-run"
+    # The lock was released when the command ended; the next holder gets a higher token.
+    assert run("lock", "run", "cli-run", "--", "sh", "-c", script).code == 7
+    assert int(written.read_text().split()[0]) > int(token)
+    assert run("lock", "show", "cli-run").out == "lock cli-run is free\n"
+
+
+def test_lock_run__a_lost_lock_stops_the_command(
+    up: UpProcess, run: Callable[..., Ran], tmp_path: Path
+) -> None:
+    session_file, group_file = tmp_path / "session", tmp_path / "group"
+    script = f"echo $$ > {group_file}; echo $XR_LOCK_SESSION > {session_file}; sleep 300"
+    holder = subprocess.Popen(
+        _xr_command(
+            *("lock", "run", "cli-lost", "--ttl", "3", "--grace", "5"),
+            *("--endpoints", up.endpoints, "--", "sh", "-c", script),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_environment(),
+        cwd=ROOT,
+    )
+    try:
+        session_id = _eventually(
+            lambda: session_file.exists() and session_file.read_text().strip(),
+            "the command under the lock started",
+        )
+        group = int(group_file.read_text())
+        assert run("session", "revoke", session_id).code == 0
+        _, error = holder.communicate(timeout=PROCESS_EXIT_S)
+        assert holder.returncode == 3
+        assert error.startswith("xr: lock.lost: ")
+        assert "Traceback" not in error
+        # The command's whole process group is gone, `sleep` included (once init has reaped
+        # the orphans).
+        _eventually(lambda: not _group_exists(group), "the command's process group is gone")
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+def test_job__submit_ls_show_cancel_watch_logs(run: Callable[..., Ran]) -> None:
+    submitted = run("job", "submit", "cli-train", "--workload", "sleep", "--args", '{"s": 1}')
+    assert submitted.code == 0
+    job_id = submitted.out.strip()
+    run("job", "submit", "cli-array", "--entrypoint", "pkg.mod:fn", "--array", "3", "--gpus", "1")
+    listed = run("job", "ls", "--json").json()
+    assert job_id in [item["job_id"] for item in listed["items"]]
+    assert job_id in run("job", "ls").out
+    shown = run("job", "show", job_id, "--json").json()
+    assert shown["name"] == "cli-train" and len(shown["tasks"]) == 1
+    logs = run("job", "logs", job_id)
+    assert "log capture arrives with the executor" in logs.out
+    assert "submitted" in logs.out
+    cancelled = run("job", "cancel", job_id, "--reason", "test")
+    assert cancelled.code == 0
+    assert run("job", "show", job_id, "--json").json()["state"] == "cancelled"
+    assert job_id in [
+        item["job_id"]
+        for item in run("job", "ls", "--state", "cancelled", "--json").json()["items"]
+    ]
+    again = run("job", "cancel", job_id)
+    assert again.code == 1 and again.err.startswith("xr: job.invalid_transition: ")
+    watched = run("job", "watch", job_id)
+    assert watched.code == 1
+    assert f"job {job_id}: cancelled" in watched.out
+    assert watched.err.startswith("xr: job.cancelled: ")
+    missing = run("job", "show", "job-does-not-exist")
+    assert missing.code == 1 and missing.err.startswith("xr: not_found: ")
+
+
+def test_region__ls_and_show(run: Callable[..., Ran]) -> None:
+    regions = _eventually(
+        lambda: len(items := run("region", "ls", "--json").json()["items"]) == 3 and items,
+        "all three regions registered",
+    )
+    assert sorted(item["name"] for item in regions) == ["r0", "r1", "r2"]
+    assert run("region", "ls").out.splitlines()[0].split()[:2] == ["REGION", "HEALTHY"]
+    assert run("region", "show", "r1", "--json").json()["name"] == "r1"
+    missing = run("region", "show", "nowhere")
+    assert missing.code == 1 and missing.err.startswith("xr: not_found: ")
+
+
+def test_cluster__status_members_transfer_leader(run: Callable[..., Ran]) -> None:
+    status = run("cluster", "status", "--json").json()["endpoints"]
+    assert len(status) == 3 and all("error" not in row for row in status)
+    members = run("cluster", "members", "--json").json()["items"]
+    assert sorted(member["region"] for member in members) == ["r0", "r1", "r2"]
+    leader = next(row["region"] for row in status if row["state"] == "leader")
+    target = next(name for name in ("r0", "r1", "r2") if name != leader)
+    moved = run("cluster", "transfer-leader", target)
+    assert moved.code == 0 and moved.out == f"{target} is now the leader\n"
+
+    def leader_is_target() -> bool:
+        rows = run("cluster", "status", "--json").json()["endpoints"]
+        return any(row.get("state") == "leader" and row["region"] == target for row in rows)
+
+    _eventually(leader_is_target, f"{target} leads")
+    missing = run("cluster", "transfer-leader", "nowhere")
+    assert missing.code == 1 and missing.err.startswith("xr: not_found: ")
+
+
+def test_up__a_node_that_cannot_start_shows_its_log_and_stops_the_rest(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        base_dir = tmp_path / "failing"
+        failing = UpProcess(base_dir, "--regions", "2", "--base-port", str(port))
+        try:
+            assert failing.wait() == 1
+        finally:
+            failing.kill()
+    assert "xr up: region r0 exited with code 1 at start" in failing.error_lines
+    assert "address already in use" in failing.output()
+    assert _processes_under(base_dir) == []
+
+
+def test_up__ctrl_c_stops_every_node_and_exits_zero(up: UpProcess) -> None:
+    pids = up.pids
+    up.process.send_signal(signal.SIGINT)
+    assert up.wait() == 0
+    assert "stopped r0 (0), r1 (0), r2 (0)" in up.lines
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert _processes_under(up.base_dir) == []
+    assert (up.base_dir / "r0.log").exists()
