@@ -49,6 +49,8 @@ class LocalNode:
     log_path: Path
     peers: list[str]
     settings: dict[str, str] = field(default_factory=dict)
+    # A TOML file the node reads first (for what flags cannot say, such as auth tokens).
+    config_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -70,6 +72,8 @@ class LocalNode:
         ]  # fmt: skip
         for name, value in sorted(self.settings.items()):
             command += ["--set", f"{name}={value}"]
+        if self.config_path is not None:
+            command += ["--config", str(self.config_path)]
         return command
 
     def start(self) -> None:
@@ -170,12 +174,19 @@ class LocalCluster:
         region_settings: dict[str, dict[str, str]] | None = None,
         raft_ports: list[int] | None = None,
         http_ports: list[int] | None = None,
+        config_text: str | None = None,
     ) -> None:
+        """`config_text` is TOML every node reads before its flags (auth tokens, for one)."""
         names = region_names or [f"r{position}" for position in range(size)]
         ports = free_ports(2 * len(names))
         raft_ports = raft_ports or ports[: len(names)]
         http_ports = http_ports or ports[len(names) :]
         self.base_dir = base_dir
+        config_path = None
+        if config_text is not None:
+            base_dir.mkdir(parents=True, exist_ok=True)
+            config_path = base_dir / "node.toml"
+            config_path.write_text(config_text)
         addresses = [f"{HOST}:{port}" for port in raft_ports]
         self.nodes: list[LocalNode] = []
         for position, name in enumerate(names):
@@ -190,6 +201,7 @@ class LocalCluster:
                     log_path=base_dir / f"{name}.log",
                     peers=[address for address in addresses if address != addresses[position]],
                     settings=node_settings,
+                    config_path=config_path,
                 )
             )
 
