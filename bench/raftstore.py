@@ -420,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="SIGSTOP the cluster not being measured (default: on)",
     )
     arguments = parser.parse_args(argv)
+    if arguments.failover_trials < 1 or arguments.rounds < 1 or arguments.duration_s <= 0:
+        parser.error("--failover-trials and --rounds must be at least 1, --duration-s positive")
     if arguments.quick:
         arguments.rounds, arguments.duration_s, arguments.failover_trials = 1, 1.5, 3
     summary = asyncio.run(run(arguments))

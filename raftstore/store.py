@@ -75,6 +75,13 @@ def _error_for(reason: int) -> XrError:
     return UnknownOutcome(f"the outcome is unknown (pysyncobj reason {reason})")
 
 
+def _time_out(future: asyncio.Future[Applied | None], deadline_s: float) -> None:
+    if not future.done():
+        future.set_exception(
+            Timeout(f"no answer within {deadline_s} s; the command may or may not be applied")
+        )
+
+
 class _Pending:
     """A proposal or a read waiting for its group to commit."""
 
@@ -228,14 +235,13 @@ class RaftStore:
             # Idle: a lone proposal goes out at once, without waiting for the next turn.
             self._flush()
         deadline_s = self.config.propose_timeout_s if timeout_s is None else timeout_s
+        # A timer rather than `asyncio.wait_for`, which costs a task per proposal. A timed-out
+        # future holds its error; its group skips it when it settles.
+        timer = self._loop.call_later(deadline_s, _time_out, future, deadline_s)
         try:
-            # A timed-out future is cancelled; its group skips it when it settles.
-            return await asyncio.wait_for(future, deadline_s)
-        except TimeoutError:
-            raise Timeout(
-                f"no answer within {deadline_s} s; the command may or may not be applied"
-            ) from None
+            return await future
         finally:
+            timer.cancel()
             self._in_flight_commands -= 1
 
     def _schedule_flush(self) -> None:
