@@ -114,3 +114,20 @@ def test_a_node_with_an_invalid_configuration_exits_with_a_message(tmp_path: Pat
     assert node.process is not None
     assert node.process.wait(30) == 2
     assert "http.wait_max_s" in node.log_tail()
+
+
+def test_json_logs_carry_the_request_id_and_route() -> None:
+    import logging
+
+    from node.daemon import JsonFormatter
+
+    record = logging.LogRecord("xr.access", logging.WARNING, __file__, 1, "GET %s", ("/x",), None)
+    record.request_id = "abc-1"
+    record.route = "/v1/kv/{key}"
+    document = json.loads(JsonFormatter().format(record))
+    assert document["message"] == "GET /x"
+    assert (document["request_id"], document["route"], document["level"]) == (
+        "abc-1",
+        "/v1/kv/{key}",
+        "warning",
+    )
