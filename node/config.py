@@ -27,6 +27,7 @@ __all__ = [
     "ROLES",
     "AuthConfig",
     "ConfigError",
+    "ExecutorConfig",
     "HttpConfig",
     "NodeConfig",
     "RegionConfig",
@@ -111,6 +112,28 @@ class AuthConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     open_health: bool = True
 
 
+class ExecutorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Run tasks in this region (a control-plane-only node sets false).
+    enabled: bool = True
+    # A directory every region reaches (a shared mount; one local directory for `xr up`).
+    # Default: <data_dir>/checkpoints, which only suits a single machine.
+    checkpoint_dir: str | None = None
+    # An attempt's lease: a task whose region stops renewing it for this long moves elsewhere.
+    lease_ttl_s: float = 10.0
+    # Tasks are polled for and claimed this often.
+    poll_interval_s: float = 0.5
+    # A region that cannot reach a quorum keeps its tasks running (their leases are frozen with
+    # replicated time); after this long without contact it stops them to free its devices.
+    contact_lost_limit_s: float = 300.0
+    # Cancellation and lost leases: SIGTERM, then SIGKILL after this grace.
+    kill_grace_s: float = 10.0
+    # Captured stdout and stderr per attempt; beyond it the oldest half is dropped.
+    log_bytes_max: int = 1 << 20
+    # Retry backoff after a failed attempt: base * 2^(failures - 1), at most max.
+    retry_backoff_base_s: float = 1.0
+    retry_backoff_max_s: float = 60.0
+
+
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     json: bool = False
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -122,6 +145,7 @@ class _File(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     raft: RaftSection
     http: HttpConfig = HttpConfig()
     auth: AuthConfig = AuthConfig()
+    executor: ExecutorConfig = ExecutorConfig()
     log: LogConfig = LogConfig()
 
 
@@ -132,6 +156,7 @@ class NodeConfig:
     raft: RaftConfig
     http: HttpConfig
     auth: AuthConfig
+    executor: ExecutorConfig
     log: LogConfig
     # Where the settings came from, for `xr node run --check` and the logs (secrets left out).
     sources: dict[str, str] = field(default_factory=dict)
@@ -139,6 +164,11 @@ class NodeConfig:
     @property
     def http_advertise_address(self) -> str:
         return self.http.advertise_address or self.http.address
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        configured = self.executor.checkpoint_dir
+        return Path(configured) if configured else self.data_dir / "checkpoints"
 
 
 def _split_list(value: str) -> list[str]:
@@ -159,12 +189,13 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def _known_settings() -> dict[str, Any]:
     """Every dotted setting name and its type, from the file's structure."""
     known: dict[str, Any] = {"data_dir": str}
-    for section in (RegionConfig, RaftSection, HttpConfig, AuthConfig, LogConfig):
+    for section in (RegionConfig, RaftSection, HttpConfig, AuthConfig, ExecutorConfig, LogConfig):
         name = {
             RegionConfig: "region",
             RaftSection: "raft",
             HttpConfig: "http",
             AuthConfig: "auth",
+            ExecutorConfig: "executor",
             LogConfig: "log",
         }[section]
         for item in msgspec.structs.fields(section):
@@ -269,12 +300,14 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
     _check_http(parsed.http)
     _check_region(parsed.region)
     _check_auth(parsed.auth)
+    _check_executor(parsed.executor)
     return NodeConfig(
         data_dir=data_dir,
         region=parsed.region,
         raft=raft,
         http=parsed.http,
         auth=parsed.auth,
+        executor=parsed.executor,
         log=parsed.log,
         sources=sources,
     )
@@ -337,6 +370,28 @@ def _check_region(region: RegionConfig) -> None:
     for name in ("price_per_gpu_hour", "carbon_g_per_kwh"):
         if getattr(region, name) < 0:
             raise ConfigError(f"setting region.{name}: must be 0 or more")
+
+
+def _check_executor(executor: ExecutorConfig) -> None:
+    for name in (
+        "lease_ttl_s",
+        "poll_interval_s",
+        "contact_lost_limit_s",
+        "kill_grace_s",
+        "log_bytes_max",
+        "retry_backoff_base_s",
+        "retry_backoff_max_s",
+    ):
+        _check_positive(f"executor.{name}", getattr(executor, name))
+    if not 1.0 <= executor.lease_ttl_s <= 3600.0:
+        raise ConfigError(
+            f"setting executor.lease_ttl_s: must be between 1 and 3600 (got {executor.lease_ttl_s})"
+        )
+    if executor.contact_lost_limit_s < executor.lease_ttl_s:
+        raise ConfigError(
+            "setting executor.contact_lost_limit_s: must be at least executor.lease_ttl_s "
+            f"(got {executor.contact_lost_limit_s} < {executor.lease_ttl_s})"
+        )
 
 
 def _check_auth(auth: AuthConfig) -> None:
