@@ -1,0 +1,132 @@
+"""The first placement policy: feasible, healthy, allowed, least loaded, by priority, with retry
+backoff, and taking back tasks stranded on a region that died before claiming them."""
+
+from __future__ import annotations
+
+from tests.xrcore.helpers import Driver
+from xrcore.commands import (
+    Gpu,
+    JobSpec,
+    JobSubmit,
+    RegionHeartbeat,
+    RegionRegister,
+    TaskAssign,
+    TaskClaim,
+    TaskFail,
+    TaskUnassign,
+    Tick,
+)
+from xrcore.placement import PlacementSettings, place
+
+
+def _region(
+    driver: Driver, name: str, *, slots: int = 2, gpus: int = 0, model: str = "A100"
+) -> None:
+    driver.ok(
+        RegionRegister(name=name, http_address="h:1", raft_address=f"{name}:1", cpu_slots=slots)
+    )
+    driver.ok(
+        RegionHeartbeat(
+            name=name,
+            gpus=tuple(Gpu(model=model, memory_mb=80_000, free_mb=80_000) for _ in range(gpus)),
+        )
+    )
+
+
+def _submit(driver: Driver, name: str, **spec: object) -> str:
+    job_id: str = driver.ok(JobSubmit(spec=JobSpec(name=name, workload="gemm", **spec)))["job_id"]  # type: ignore[arg-type]
+    return job_id
+
+
+def _apply_all(driver: Driver) -> list[tuple[str, int, str]]:
+    placed = []
+    for decision in place(driver.machine):
+        assert isinstance(decision, TaskAssign)
+        driver.ok(decision)
+        placed.append((decision.job_id, decision.task_index, decision.region))
+    return placed
+
+
+def test_tasks_spread_to_the_least_loaded_healthy_regions() -> None:
+    driver = Driver()
+    for name in ("a", "b", "c"):
+        _region(driver, name, slots=2)
+    job_id = _submit(driver, "array", array_size=6)
+    placed = _apply_all(driver)
+    regions = [region for _, _, region in placed]
+    assert sorted(regions) == ["a", "a", "b", "b", "c", "c"]
+    assert regions[:3] == ["a", "b", "c"]
+    assert all(job == job_id for job, _, _ in placed)
+    # Every slot is taken: nothing more fits until a task ends.
+    _submit(driver, "waits")
+    assert place(driver.machine) == []
+
+
+def test_allow_deny_and_prefer_are_honoured() -> None:
+    driver = Driver()
+    for name in ("a", "b", "c"):
+        _region(driver, name)
+    _submit(driver, "denied", regions_deny=("a", "b"))
+    _submit(driver, "allowed", regions_allow=("b",))
+    _submit(driver, "prefers", regions_prefer=("c",))
+    placed = {job: region for job, _, region in _apply_all(driver)}
+    assert list(placed.values()) == ["c", "b", "c"]
+
+
+def test_gpu_tasks_need_whole_free_devices_of_the_model_asked() -> None:
+    driver = Driver()
+    _region(driver, "small", slots=0, gpus=1, model="T4")
+    _region(driver, "big", slots=0, gpus=2, model="A100")
+    _submit(driver, "two-a100", gpus=2, gpu_model="A100")
+    _submit(driver, "one-t4", gpus=1, gpu_model="T4")
+    _submit(driver, "no-room", gpus=1, gpu_model="A100")
+    placed = [(region) for _, _, region in _apply_all(driver)]
+    assert placed == ["big", "small"]
+
+
+def test_higher_priority_jobs_are_placed_first() -> None:
+    driver = Driver()
+    _region(driver, "a", slots=1)
+    _submit(driver, "low", priority=0)
+    high = _submit(driver, "high", priority=10)
+    assert [job for job, _, _ in _apply_all(driver)] == [high]
+
+
+def test_a_failed_task_waits_out_its_backoff_before_it_is_placed_again() -> None:
+    driver = Driver()
+    _region(driver, "a", slots=1)
+    job_id = _submit(driver, "flaky", max_attempts=5)
+    _apply_all(driver)
+    token = driver.ok(
+        TaskClaim(job_id=job_id, task_index=0, region="a", executor_id="e", lease_ttl_ms=10_000)
+    )["token"]
+    driver.ok(TaskFail(job_id=job_id, task_index=0, token=token, error="boom"))
+    settings = PlacementSettings(retry_backoff_base_ms=2_000)
+    assert place(driver.machine, settings) == []
+    driver.ok(Tick(), advance_ms=1_000)
+    assert place(driver.machine, settings) == []
+    driver.ok(Tick(), advance_ms=1_000)
+    assert place(driver.machine, settings) == [TaskAssign(job_id=job_id, task_index=0, region="a")]
+
+
+def test_a_task_assigned_to_a_region_that_died_before_claiming_it_is_taken_back() -> None:
+    driver = Driver()
+    _region(driver, "a")
+    _region(driver, "b")
+    job_id = _submit(driver, "stranded", regions_prefer=("a",))
+    assert _apply_all(driver) == [(job_id, 0, "a")]
+    # Only b keeps sending heartbeats while the lease clock moves past a's timeout.
+    for _ in range(12):
+        driver.ok(Tick(), advance_ms=1_000)
+        driver.ok(RegionHeartbeat(name="b"))
+    decisions = place(driver.machine)
+    assert decisions[0] == TaskUnassign(job_id=job_id, task_index=0)
+    driver.ok(decisions[0])
+    assert _apply_all(driver) == [(job_id, 0, "b")]
+
+
+def test_one_pass_makes_at_most_decisions_max_decisions() -> None:
+    driver = Driver()
+    _region(driver, "a", slots=100)
+    _submit(driver, "many", array_size=50)
+    assert len(place(driver.machine, PlacementSettings(decisions_max=7))) == 7

@@ -1,0 +1,164 @@
+"""Where pending tasks go: the first placement policy, a pure function of the replicated state.
+
+Rules (the scheduling issue replaces this module with a richer policy):
+- A task can go to a region that is healthy (recent heartbeat on the lease clock), that its job
+  allows (allow and deny lists), and that has room: a region with GPUs gives a GPU task that many
+  whole free devices of the requested model and memory, and a CPU task one of its CPU slots; a
+  region without GPUs (CPU mode) runs any task in one of its CPU slots, so every feature works
+  on a machine without accelerators.
+- Among those, regions the job prefers come first, then the least loaded (the fraction of its
+  devices or slots in use), then the name, so the choice is deterministic.
+- Tasks are taken in order of job priority (highest first), then submission.
+- A task that failed waits out a backoff before it is placed again: base * 2^(failures - 1),
+  at most max, on replicated time since its last update.
+- A task assigned to a region that became unhealthy before claiming it is taken back.
+At most `decisions_max` decisions per call, so one pass is bounded however long the queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from xrcore import regions
+from xrcore.commands import Command, TaskAssign, TaskUnassign
+from xrcore.model import Job, Region, Task, TaskState
+
+if TYPE_CHECKING:
+    from xrcore.state import StateMachine
+
+__all__ = ["PlacementSettings", "place"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementSettings:
+    retry_backoff_base_ms: int = 1_000
+    retry_backoff_max_ms: int = 60_000
+    decisions_max: int = 256
+
+
+@dataclass
+class _Room:
+    """What a region has free in this pass, updated as tasks are placed."""
+
+    region: Region
+    free_gpus: list[int]  # device indexes
+    free_slots: int
+    capacity: int
+    used: int
+
+    @property
+    def load(self) -> float:
+        return self.used / self.capacity if self.capacity else 1.0
+
+
+def _rooms(machine: StateMachine) -> dict[str, _Room]:
+    rooms: dict[str, _Room] = {}
+    for name in sorted(machine.regions):
+        region = machine.regions[name]
+        if not regions.healthy(machine, region):
+            continue
+        rooms[name] = _Room(
+            region=region,
+            free_gpus=list(range(len(region.gpus))),
+            free_slots=region.cpu_slots,
+            capacity=len(region.gpus) + region.cpu_slots,
+            used=0,
+        )
+    for job in machine.jobs.values():
+        for task in job.tasks:
+            if task.state in (TaskState.ASSIGNED, TaskState.RUNNING) and task.region in rooms:
+                _take(rooms[task.region], job, commit=True)
+    return rooms
+
+
+def _gpu_fits(job: Job, room: _Room) -> list[int] | None:
+    """The device indexes a GPU task would get in a region with GPUs, or None."""
+    spec = job.spec
+    fitting = [
+        device
+        for device in room.free_gpus
+        if (spec.gpu_model is None or room.region.gpus[device].model == spec.gpu_model)
+        and room.region.gpus[device].memory_mb >= spec.gpu_memory_mb
+    ]
+    return fitting[: spec.gpus] if len(fitting) >= spec.gpus else None
+
+
+def _take(room: _Room, job: Job, *, commit: bool) -> bool:
+    """Whether `job`'s task fits in `room`; with `commit`, takes the room it needs (tasks
+    already assigned are counted this way even if the region shrank: `used` may exceed)."""
+    if job.spec.gpus > 0 and room.region.gpus:
+        devices = _gpu_fits(job, room)
+        if devices is None:
+            if commit:
+                room.used += job.spec.gpus
+                del room.free_gpus[: job.spec.gpus]
+            return False
+        if commit:
+            for device in devices:
+                room.free_gpus.remove(device)
+            room.used += len(devices)
+        return True
+    if room.free_slots < 1:
+        if commit:
+            room.used += 1
+        return False
+    if commit:
+        room.free_slots -= 1
+        room.used += 1
+    return True
+
+
+def _backing_off(machine: StateMachine, task: Task, settings: PlacementSettings) -> bool:
+    if task.failures == 0:
+        return False
+    doublings: int = min(task.failures - 1, 30)
+    delay_ms = min(settings.retry_backoff_max_ms, settings.retry_backoff_base_ms << doublings)
+    return bool(machine.now_ms < task.updated_at_ms + delay_ms)
+
+
+def _choose(job: Job, rooms: dict[str, _Room]) -> _Room | None:
+    candidates = [
+        room
+        for name, room in rooms.items()
+        if job.spec.allows(name) and _take(room, job, commit=False)
+    ]
+    if not candidates:
+        return None
+    preferred = set(job.spec.regions_prefer)
+    candidates.sort(
+        key=lambda room: (room.region.name not in preferred, room.load, room.region.name)
+    )
+    return candidates[0]
+
+
+def place(machine: StateMachine, settings: PlacementSettings | None = None) -> list[Command]:
+    """The assignments (and take-backs) to propose now, at most `settings.decisions_max`."""
+    settings = settings or PlacementSettings()
+    rooms = _rooms(machine)
+    decisions: list[Command] = []
+    for job in machine.jobs.values():
+        for task in job.tasks:
+            if task.state is TaskState.ASSIGNED and task.region not in rooms:
+                decisions.append(TaskUnassign(job_id=job.job_id, task_index=task.index))
+    # Highest priority first, then submission order (the table keeps it).
+    waiting = [
+        (-job.spec.priority, position, job)
+        for position, job in enumerate(machine.jobs.values())
+        if any(task.state is TaskState.PENDING for task in job.tasks)
+    ]
+    waiting.sort(key=lambda item: (item[0], item[1]))
+    for _, _, job in waiting:
+        for task in job.tasks:
+            if len(decisions) >= settings.decisions_max:
+                return decisions
+            if task.state is not TaskState.PENDING or _backing_off(machine, task, settings):
+                continue
+            room = _choose(job, rooms)
+            if room is None:
+                continue
+            _take(room, job, commit=True)
+            decisions.append(
+                TaskAssign(job_id=job.job_id, task_index=task.index, region=room.region.name)
+            )
+    return decisions[: settings.decisions_max]
