@@ -1,0 +1,240 @@
+"""The worker: `python -m node.executor.worker` runs one attempt of one task, then exits.
+
+It reads the task from `XR_TASK` and its end of the control socketpair from `XR_CONTROL_FD` (see
+`node.executor.protocol`), sets up the `JobContext`, resolves the built-in workload or imports the
+entrypoint `package.module:function`, and calls it. Then it sends `result` and exits 0, or sends
+`failed` and exits 1, or, when it was asked to stop while the function ran, exits 3 without
+reporting (a partial result is not a result).
+
+A reader thread takes the executor's messages (stop requests, checkpoint answers); SIGTERM sets
+the same stop flag, so the function can checkpoint and return before the executor's SIGKILL.
+Failures are retryable unless the function raised `NonRetryableError`, the entrypoint cannot be
+imported, the result is not a small JSON object, or the task exceeded its GPU memory share: cases
+another attempt would repeat.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import msgspec
+
+from node.executor.arrays import DeviceUnavailable, array_module, is_out_of_memory
+from node.executor.arrays import set_memory_limit as set_pool_limit
+from node.executor.checkpoints import FileCheckpointStore
+from node.executor.context import JobContext, NonRetryableError
+from node.executor.protocol import (
+    CONTROL_FD_ENV,
+    EXIT_FAILED,
+    EXIT_STOPPED,
+    EXIT_SUCCEEDED,
+    TASK_ENV,
+    Channel,
+    CheckpointAck,
+    Failed,
+    LineTooLong,
+    ProtocolError,
+    Result,
+    Stop,
+    TaskDescription,
+    decode_task,
+)
+from node.executor.workloads import WORKLOADS
+from xrcore.commands import ENTRYPOINT_PATTERN
+from xrcore.limits import JOB_RESULT_BYTES_MAX, MESSAGE_BYTES_MAX
+
+__all__ = ["main", "resolve", "run"]
+
+log = logging.getLogger("xr.worker")
+
+# A failure's message: the exception, then the end of its traceback, within what the log keeps.
+TRACEBACK_LINES_MAX = 20
+_SUMMARY_BYTES_MAX = 1_024
+
+JobFunction = Callable[[JobContext], Any]
+
+
+def resolve(task: TaskDescription) -> JobFunction:
+    """The function to run; NonRetryableError when there is none to be had."""
+    if task.workload is not None:
+        try:
+            return WORKLOADS[task.workload]
+        except KeyError:
+            known = ", ".join(sorted(WORKLOADS))
+            raise NonRetryableError(
+                f"unknown workload {task.workload!r}; the built-in workloads are {known}"
+            ) from None
+    entrypoint = task.entrypoint or ""
+    if ENTRYPOINT_PATTERN.fullmatch(entrypoint) is None:
+        raise NonRetryableError(f"entrypoint {entrypoint!r} is not of the form package.module:name")
+    module_name, function_name = entrypoint.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:
+        raise NonRetryableError(
+            f"cannot import module {module_name!r} of entrypoint {entrypoint!r}: "
+            f"{type(error).__name__}: {error} (sys.path: {sys.path[:4]})"
+        ) from error
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise NonRetryableError(f"module {module_name!r} has no function {function_name!r}")
+    resolved: JobFunction = function
+    return resolved
+
+
+def describe_failure(error: BaseException) -> str:
+    """The exception and the end of its traceback, cut to fit a failure message in the log."""
+    summary = f"{type(error).__name__}: {error}".encode()[:_SUMMARY_BYTES_MAX].decode(
+        errors="ignore"
+    )
+    lines = traceback.format_exception(error)
+    tail = "".join(lines[-TRACEBACK_LINES_MAX:])
+    room = MESSAGE_BYTES_MAX - len(summary.encode()) - 1
+    tail_bytes = tail.encode()[-room:] if room > 0 else b""
+    return summary + "\n" + tail_bytes.decode(errors="ignore")
+
+
+def _receive(channel: Channel, context: JobContext) -> None:
+    """The reader thread: hands the executor's messages to the context until the channel ends."""
+    while True:
+        try:
+            message = channel.receive()
+        except LineTooLong as error:
+            log.error("control channel unusable: %s", error)
+            message = None
+        except ProtocolError as error:
+            log.error("ignoring a control message: %s", error)
+            continue
+        except OSError as error:
+            log.error("control channel failed: %s", error)
+            message = None
+        if message is None:
+            # Without the executor nothing can be committed: stop like a lost lease.
+            context.request_stop("disconnected")
+            return
+        if not isinstance(message, CheckpointAck | Stop):
+            log.error("ignoring a message meant for the executor: %s", message)
+            continue
+        context.handle(message)
+
+
+def _check_result(value: Any) -> dict[str, Any]:
+    """The function's return value as the task's result: a JSON object within the log's bound."""
+    result = {} if value is None else value
+    if not isinstance(result, dict):
+        raise NonRetryableError(f"the job returned a {type(result).__name__}, not a dict")
+    try:
+        encoded = msgspec.json.encode(result)
+    except (TypeError, OverflowError) as error:
+        raise NonRetryableError(f"the job's result is not JSON: {error}") from None
+    if len(encoded) > JOB_RESULT_BYTES_MAX:
+        raise NonRetryableError(
+            f"the job's result is {len(encoded)} bytes as JSON, more than {JOB_RESULT_BYTES_MAX}"
+        )
+    decoded: dict[str, Any] = msgspec.json.decode(encoded)
+    return decoded
+
+
+def _failure(error: BaseException, task: TaskDescription) -> Failed:
+    if isinstance(error, NonRetryableError):
+        return Failed(error=describe_failure(error), retryable=False)
+    if is_out_of_memory(error) and task.gpu_memory_mb:
+        message = (
+            f"the task exceeded its GPU memory share of {task.gpu_memory_mb} MB "
+            f"(gpu_memory_mb): {describe_failure(error)}"
+        )
+        return Failed(error=message[: MESSAGE_BYTES_MAX // 4], retryable=False)
+    return Failed(error=describe_failure(error), retryable=True)
+
+
+def _report(channel: Channel, message: Failed | Result) -> None:
+    try:
+        channel.send(message)
+    except OSError as error:
+        log.error("cannot report to the executor: %s", error)
+
+
+def _listen(channel: Channel, context: JobContext) -> None:
+    """Starts the reader thread, and makes SIGTERM a stop request like the executor's."""
+    threading.Thread(
+        target=_receive, args=(channel, context), name="xr-control", daemon=True
+    ).start()
+
+    def on_sigterm(signal_number: int, frame: FrameType | None) -> None:
+        context.request_stop("signal")
+
+    # Signal handlers can only be installed from the main thread (tests may call `run` elsewhere).
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def run(task: TaskDescription, channel: Channel) -> int:
+    """Runs the task, reports its outcome on `channel` and returns the exit code."""
+    try:
+        xp = array_module(task.device)
+    except DeviceUnavailable as error:
+        # Another region, or this one after a repair, may have the device.
+        _report(channel, Failed(error=str(error)[: MESSAGE_BYTES_MAX // 4], retryable=True))
+        return EXIT_FAILED
+    if task.gpu_memory_mb and not set_pool_limit(xp, task.gpu_memory_mb << 20):
+        log.info("gpu_memory_mb=%d does not apply on NumPy (CPU mode)", task.gpu_memory_mb)
+    store = FileCheckpointStore(Path(task.checkpoint_dir))
+    context = JobContext(task, sender=channel, store=store, xp=xp, logger=logging.getLogger("job"))
+    _listen(channel, context)
+    try:
+        result = _check_result(resolve(task)(context))
+    except Exception as error:
+        if context.should_stop():
+            log.warning("stopped (%s) with an error: %s", context.stop_reason, error)
+            return EXIT_STOPPED
+        log.error("the job failed", exc_info=error)
+        _report(channel, _failure(error, task))
+        return EXIT_FAILED
+    if context.should_stop():
+        log.info("stopped on request (%s); the result is not reported", context.stop_reason)
+        return EXIT_STOPPED
+    context.flush_progress()
+    _report(channel, Result(result=result))
+    return EXIT_SUCCEEDED
+
+
+def _configure_logging(task: TaskDescription | None) -> None:
+    where = f"{task.job_id}[{task.task_index}]#{task.attempt} " if task else ""
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s {where}%(name)s: %(message)s",
+    )
+
+
+def main() -> int:
+    try:
+        descriptor = int(os.environ[CONTROL_FD_ENV])
+    except (KeyError, ValueError):
+        _configure_logging(None)
+        log.error("%s must hold the control socket's file descriptor", CONTROL_FD_ENV)
+        return EXIT_FAILED
+    channel = Channel.from_fd(descriptor)
+    try:
+        task = decode_task(os.environ.get(TASK_ENV, ""))
+    except ProtocolError as error:
+        _configure_logging(None)
+        log.error("%s", error)
+        _report(channel, Failed(error=str(error)[: MESSAGE_BYTES_MAX // 4], retryable=False))
+        return EXIT_FAILED
+    _configure_logging(task)
+    return run(task, channel)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

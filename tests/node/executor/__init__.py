@@ -1,0 +1,1 @@
+"""Tests of the executor package: workloads, checkpoints, the worker and its protocol, inventory."""
