@@ -57,7 +57,8 @@ class RegionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     provider: str = ""
     price_per_gpu_hour: float = 0.0
     carbon_g_per_kwh: float = 0.0
-    cpu_slots: int = 0
+    # Tasks that run without a GPU at once (in CPU mode, every task).
+    cpu_slots: int = 2
     labels: dict[str, str] = {}
 
 

@@ -2,8 +2,9 @@
 
 `run(config)` is what `xr node run` calls. It starts the Raft member from its data directory,
 serves the API, registers the region with the cluster once a leader is known, sends region
-heartbeats, logs leader changes, and on SIGTERM or SIGINT shuts down gracefully: it stops taking
-requests, lets in-flight ones finish (up to `http.shutdown_grace_s`), hands leadership to a
+heartbeats with its inventory, places pending tasks while it leads, runs its region's tasks
+(`node.executor`), logs leader changes, and on SIGTERM or SIGINT shuts down gracefully: it stops
+taking requests, lets in-flight ones finish (up to `http.shutdown_grace_s`), hands leadership to a
 caught-up follower if it leads, then stops the store and closes its files.
 """
 
@@ -22,9 +23,13 @@ from aiohttp import web
 
 from node.api.app import SERVICES, create_app
 from node.config import NodeConfig
+from node.executor.executor import Executor
+from node.executor.inventory import detect as detect_inventory
+from node.executor.inventory import to_gpus
 from raftstore.store import RaftStore
 from xrcore.commands import RegionHeartbeat, RegionRegister
 from xrcore.errors import XrError
+from xrcore.placement import PlacementSettings, place
 
 __all__ = ["Node", "configure_logging", "run"]
 
@@ -72,6 +77,10 @@ class Node:
         self.app = create_app(config, store=self.store)
         self.runner: web.AppRunner | None = None
         self._duties: list[asyncio.Task[None]] = []
+        self.inventory = detect_inventory(config.region.cpu_slots)
+        self.executor: Executor | None = None
+        if config.executor.enabled:
+            self.executor = Executor(config, self.store, gpu_count=len(self.inventory.gpus))
 
     async def start(self) -> None:
         await self.store.start()
@@ -88,7 +97,10 @@ class Node:
         self._duties = [
             asyncio.create_task(self._register_and_heartbeat()),
             asyncio.create_task(self._watch_leader()),
+            asyncio.create_task(self._place_tasks()),
         ]
+        if self.executor is not None:
+            await self.executor.start()
         log.info(
             "region %s serving http://%s (raft %s, peers %s, data %s)",
             self.config.region.name,
@@ -118,10 +130,33 @@ class Node:
                     registered = True
                     log.info("region %s registered with the cluster", region.name)
                 else:
-                    await self.store.propose(RegionHeartbeat(name=region.name))
+                    await self.store.propose(
+                        RegionHeartbeat(name=region.name, gpus=to_gpus(self.inventory))
+                    )
             except XrError as error:
                 log.debug("region %s: registration or heartbeat failed: %s", region.name, error)
             await asyncio.sleep(HEARTBEAT_INTERVAL_S if registered else 0.2)
+
+    async def _place_tasks(self) -> None:
+        """On the leader: proposes where pending tasks go (`xrcore.placement`). Decisions are
+        computed from local state and checked again by the state machine when applied, so a
+        stale one (the task moved meanwhile) is refused there and recomputed next pass."""
+        executor = self.config.executor
+        settings = PlacementSettings(
+            retry_backoff_base_ms=int(executor.retry_backoff_base_s * 1000),
+            retry_backoff_max_ms=int(executor.retry_backoff_max_s * 1000),
+        )
+        while True:
+            await asyncio.sleep(executor.poll_interval_s)
+            if not self.store.is_leader:
+                continue
+            decisions = self.store.replica.read(lambda machine: place(machine, settings))
+            for decision in decisions:
+                try:
+                    await self.store.propose(decision)
+                except XrError as error:
+                    log.debug("placement %s not proposed: %s", decision, error)
+                    break
 
     async def _watch_leader(self) -> None:
         metrics = self.app[SERVICES].metrics
@@ -145,6 +180,8 @@ class Node:
         for duty in self._duties:
             with contextlib.suppress(asyncio.CancelledError):
                 await duty
+        if self.executor is not None:
+            await self.executor.stop()
         if self.runner is not None:
             # Stops listening, then waits up to shutdown_grace_s for in-flight requests.
             await self.runner.cleanup()

@@ -154,3 +154,31 @@ async def _forward_to_leader(request: web.Request, body: dict[str, Any]) -> web.
     if not isinstance(document, dict):
         raise InvalidArgument("the leader answered with something that is not an object")
     return respond(request, document, status=status)
+
+
+async def forward_to_region(request: web.Request, region_name: str) -> web.Response:
+    """Answers a GET with what the named region's node answers (logs live on their region)."""
+    if request.headers.get("Xr-Forwarded"):
+        raise ClusterUnavailable("the request was already forwarded once; not forwarding again")
+    region = services(request).store.replica.read(lambda machine: machine.regions.get(region_name))
+    if region is None:
+        raise NotFound(f"region {region_name!r} is not registered")
+    headers = {"Xr-Forwarded": "1"}
+    if "Authorization" in request.headers:
+        headers["Authorization"] = request.headers["Authorization"]
+    url = f"http://{region.http_address}{request.path_qs}"
+    try:
+        async with (
+            aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S)
+            ) as session,
+            session.get(url, headers=headers) as answer,
+        ):
+            document = await answer.json()
+            status = answer.status
+    except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        raise ClusterUnavailable(f"region {region_name} could not be reached: {error}") from None
+    if status >= 400 and isinstance(document, dict) and "error" in document:
+        info = document["error"]
+        raise error_from_code(str(info.get("code")), str(info.get("message")))
+    return respond(request, document, status=status)

@@ -182,3 +182,56 @@ async def events(request: web.Request) -> web.Response:
         request,
         {"job_id": job_id, "state": view["state"], "events": timeline, "stale": result.stale},
     )
+
+
+_LOG_TAIL_BYTES_MAX = 1 << 20
+
+
+@routes.get("/v1/jobs/{job_id}/logs")
+async def logs(request: web.Request) -> web.Response:
+    """The end of one attempt's captured output. Logs stay on the region that ran the attempt;
+    another node forwards the request there."""
+    caller = principal(request)
+    job_id = _job_id(request)
+    task_index = query_int(request, "task_index", default=0, low=0)
+    number = query_int(request, "attempt", low=1)
+    tail_bytes = query_int(request, "tail_bytes", default=65536, low=1, high=_LOG_TAIL_BYTES_MAX)
+    assert task_index is not None and tail_bytes is not None
+    result = await read(request, lambda machine: jobs.get(machine, job_id))
+    view = _owned(caller, job_id, result.value)
+    if task_index >= len(view["tasks"]):
+        raise NotFound(f"job {job_id!r} has no task {task_index}")
+    attempts = view["tasks"][task_index]["attempts"]
+    chosen = next((a for a in reversed(attempts) if number is None or a["number"] == number), None)
+    if chosen is None:
+        raise NotFound(
+            f"task {task_index} of job {job_id!r} has no attempt "
+            f"{'yet' if number is None else number}"
+        )
+    node = services(request)
+    if chosen["region"] != node.config.region.name:
+        from node.api.cluster import forward_to_region
+
+        return await forward_to_region(request, chosen["region"])
+    from node.executor.executor import logs_path
+
+    path = logs_path(node.config.data_dir, job_id, task_index, chosen["number"])
+    try:
+        with path.open("rb") as source:
+            size = source.seek(0, 2)
+            source.seek(max(0, size - tail_bytes))
+            data = source.read()
+    except FileNotFoundError:
+        size, data = 0, b""
+    return respond(
+        request,
+        {
+            "job_id": job_id,
+            "task_index": task_index,
+            "attempt": chosen["number"],
+            "region": chosen["region"],
+            "log": data.decode(errors="replace"),
+            "truncated": size > len(data),
+            "size_bytes": size,
+        },
+    )

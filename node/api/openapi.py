@@ -420,6 +420,17 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
                 "stale": STALE,
             }
         ),
+        "JobLogs": _object(
+            {
+                "job_id": TEXT,
+                "task_index": INTEGER,
+                "attempt": INTEGER,
+                "region": TEXT,
+                "log": {"type": "string", "description": "The end of the attempt's output."},
+                "truncated": BOOLEAN,
+                "size_bytes": INTEGER,
+            }
+        ),
         # Regions and the cluster.
         "Region": _object({**_REGION, "stale": STALE}, required=tuple(_REGION)),
         "RegionList": _object({"items": _list(_ref("Region")), "stale": STALE}),
@@ -552,6 +563,19 @@ def _parameters(*, wait_max_s: float) -> dict[str, Any]:
             "Only keys that start with this (at most 1024 bytes).",
         ),
         "key_after": _query("after", TEXT, "Start after this key: the previous page's `next`."),
+        "task_index": _query(
+            "task_index", {"type": "integer", "minimum": 0, "default": 0}, "The task's index."
+        ),
+        "attempt": _query(
+            "attempt",
+            {"type": "integer", "minimum": 1},
+            "The attempt's number; the latest when left out.",
+        ),
+        "tail_bytes": _query(
+            "tail_bytes",
+            {"type": "integer", "minimum": 1, "maximum": 1 << 20, "default": 65536},
+            "Answer at most this many bytes from the end of the log.",
+        ),
         "job_after": _query(
             "after",
             {"type": "string", "maxLength": 64},
@@ -933,6 +957,16 @@ OPERATIONS: tuple[Operation, ...] = (
         answer="JobEvents",
         parameters=("job_id", "consistency"),
         errors=(404,),
+    ),
+    Operation(
+        method="get",
+        path="/v1/jobs/{job_id}/logs",
+        operation_id="jobLogs",
+        summary="The end of a task attempt's captured stdout and stderr (from its region)",
+        tag="jobs",
+        answer="JobLogs",
+        parameters=("job_id", "task_index", "attempt", "tail_bytes"),
+        errors=(404, 503),
     ),
     # Regions and the cluster.
     Operation(

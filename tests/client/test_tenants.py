@@ -4,6 +4,7 @@ and watch events, on every node; a role that may not do something is refused."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,4 +141,8 @@ def test_roles_limit_cluster_administration(clients: dict[str, Client]) -> None:
     with pytest.raises(Forbidden):
         ops.cluster.transfer_leader("r0")
     root.cluster.transfer_leader("r1")
-    assert root.cluster.status().leader_region == "r1"
+    # Every node learns the new leader from its first message; poll, bounded.
+    deadline_s = time.monotonic() + 30
+    while root.cluster.status().leader_region != "r1":
+        assert time.monotonic() < deadline_s, "r1 did not become the leader"
+        time.sleep(0.05)

@@ -1,0 +1,572 @@
+"""The executor: runs the tasks placed in this region, each in a worker subprocess, fenced by its
+attempt's token.
+
+Rules:
+- It claims tasks assigned to its region while it has room (GPU devices, or CPU slots in CPU
+  mode); a claim creates the attempt, its fencing token and its lease in the log.
+- Each attempt runs in `python -m node.executor.worker` in its own process group, pinned to its
+  devices with `CUDA_VISIBLE_DEVICES`; stdout and stderr go to a bounded log file; messages go
+  over a socketpair (`node.executor.protocol`).
+- Every update it proposes carries the attempt's token: heartbeats (which renew the lease and
+  carry progress), checkpoint commits, the completion or the failure. A definite rejection means
+  the attempt was superseded (its lease expired and the task moved, or the job was cancelled):
+  the worker is stopped at once.
+- Losing contact is not job death: while proposals fail without a definite answer (no quorum)
+  the worker keeps computing; a still-current attempt simply continues when contact returns.
+  After `executor.contact_lost_limit_s` without contact the worker is stopped to free devices.
+- Stopping a worker: a `stop` message and SIGTERM to its process group (it may checkpoint), then
+  SIGKILL after `executor.kill_grace_s`.
+- Final updates (completion, failure) are retried with one idempotency key until the log answers,
+  so a leader change cannot apply them twice or lose them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.config import NodeConfig
+from node.executor import protocol
+from raftstore.store import RaftStore
+from xrcore.commands import (
+    Command,
+    TaskCheckpoint,
+    TaskClaim,
+    TaskComplete,
+    TaskFail,
+    TaskHeartbeat,
+)
+from xrcore.errors import XrError
+from xrcore.limits import MESSAGE_BYTES_MAX, METRICS_PER_UPDATE_MAX
+from xrcore.model import TaskState
+
+__all__ = ["Executor", "logs_path"]
+
+log = logging.getLogger("xr.executor")
+
+# How long a final update is retried while the cluster has no quorum before giving up (the
+# attempt's lease then expires and the task runs again elsewhere).
+FINAL_UPDATE_RETRY_S = 600.0
+
+
+def logs_path(data_dir: Path, job_id: str, task_index: int, attempt: int) -> Path:
+    return data_dir / "logs" / job_id / f"{task_index}-{attempt}.log"
+
+
+@dataclass
+class _Attempt:
+    job_id: str
+    task_index: int
+    token: int
+    attempt: int
+    devices: list[int]
+    wall_time_limit_s: int
+    process: asyncio.subprocess.Process | None = None
+    writer: asyncio.StreamWriter | None = None
+    done: int = 0
+    total: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    result: dict[str, Any] | None = None
+    failure: tuple[str, bool] | None = None
+    stop_reason: str | None = None
+    started_s: float = field(default_factory=time.monotonic)
+    last_contact_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.job_id, self.task_index
+
+    def fail(self, error: str, *, retryable: bool) -> TaskFail:
+        return TaskFail(
+            job_id=self.job_id,
+            task_index=self.task_index,
+            token=self.token,
+            # Characters, not bytes: at most 4 bytes each in UTF-8.
+            error=error[-MESSAGE_BYTES_MAX // 4 :],
+            retryable=retryable,
+        )
+
+
+class Executor:
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: RaftStore,
+        *,
+        gpu_count: int = 0,
+        python: str = sys.executable,
+    ) -> None:
+        self.config = config
+        self.settings = config.executor
+        self.store = store
+        self.region = config.region.name
+        self.executor_id = f"{self.region}-{secrets.token_hex(4)}"
+        self.python = python
+        self.gpu_count = gpu_count
+        self.free_devices = list(range(gpu_count))
+        self.free_slots = config.region.cpu_slots
+        self.attempts: dict[tuple[str, int], _Attempt] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        # Idempotency keys for final updates: a retried completion applies once.
+        self._seq = time.time_ns() // 1000
+
+    # Life cycle.
+
+    async def start(self) -> None:
+        self.config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self._loop_task = asyncio.create_task(self._claim_loop())
+
+    async def stop(self) -> None:
+        """Stops claiming and stops every worker (they may checkpoint); their leases expire and
+        the tasks run again elsewhere."""
+        self._stopping = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        await asyncio.gather(
+            *(self._stop_worker(attempt, "shutdown") for attempt in list(self.attempts.values())),
+            return_exceptions=True,
+        )
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # Claiming.
+
+    async def _claim_loop(self) -> None:
+        while not self._stopping:
+            try:
+                await self._claim_assigned()
+            except Exception:  # pragma: no cover - keep the executor alive; the log says why
+                log.exception("claiming tasks failed")
+            await asyncio.sleep(self.settings.poll_interval_s)
+
+    def _assigned_here(self) -> list[tuple[str, int, int, int]]:
+        """(job_id, task_index, gpus, wall_time_limit_s) of tasks assigned to this region."""
+
+        def query(machine: Any) -> list[tuple[str, int, int, int]]:
+            found = []
+            for job in machine.jobs.values():
+                for task in job.tasks:
+                    if task.state is TaskState.ASSIGNED and task.region == self.region:
+                        found.append(
+                            (job.job_id, task.index, job.spec.gpus, job.spec.wall_time_limit_s)
+                        )
+            return found
+
+        result: list[tuple[str, int, int, int]] = self.store.replica.read(query)
+        return result
+
+    async def _claim_assigned(self) -> None:
+        for job_id, task_index, gpus, wall_time_limit_s in self._assigned_here():
+            if (job_id, task_index) in self.attempts or self._stopping:
+                continue
+            devices = self._reserve(gpus)
+            if devices is None:
+                continue
+            try:
+                claimed = await self._propose(
+                    TaskClaim(
+                        job_id=job_id,
+                        task_index=task_index,
+                        region=self.region,
+                        executor_id=self.executor_id,
+                        lease_ttl_ms=int(self.settings.lease_ttl_s * 1000),
+                    )
+                )
+            except XrError as error:
+                self._release(devices)
+                log.debug("claim of %s[%d] refused: %s", job_id, task_index, error)
+                continue
+            attempt = _Attempt(
+                job_id=job_id,
+                task_index=task_index,
+                token=claimed["token"],
+                attempt=claimed["attempt"],
+                devices=devices,
+                wall_time_limit_s=wall_time_limit_s,
+            )
+            self.attempts[attempt.key] = attempt
+            self._spawn(self._supervise(attempt, claimed.get("checkpoint")))
+
+    def _reserve(self, gpus: int) -> list[int] | None:
+        """Whole devices for a GPU task on a region with GPUs; otherwise one CPU slot (CPU mode
+        runs GPU tasks on NumPy), as `xrcore.placement` counts them. None when full."""
+        if gpus > 0 and self.gpu_count:
+            if len(self.free_devices) < gpus:
+                return None
+            devices, self.free_devices = self.free_devices[:gpus], self.free_devices[gpus:]
+            return devices
+        if self.free_slots < 1:
+            return None
+        self.free_slots -= 1
+        return []
+
+    def _release(self, devices: list[int]) -> None:
+        if devices:
+            self.free_devices = sorted(self.free_devices + devices)
+        else:
+            self.free_slots += 1
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # Proposals.
+
+    async def _propose(self, command: Command, *, idempotent: bool = False) -> dict[str, Any]:
+        client_id = seq = None
+        if idempotent:
+            self._seq += 1
+            client_id, seq = self.executor_id, self._seq
+        applied = await self.store.propose(command, client_id=client_id, seq=seq)
+        value: dict[str, Any] = applied.result.unwrap()
+        return value
+
+    async def _propose_final(self, command: Command) -> None:
+        """Retries one idempotent update until the log answers (applied or refused)."""
+        self._seq += 1
+        seq = self._seq
+        deadline_s = time.monotonic() + FINAL_UPDATE_RETRY_S
+        while True:
+            try:
+                applied = await self.store.propose(command, client_id=self.executor_id, seq=seq)
+                applied.result.unwrap()
+                return
+            except XrError as error:
+                if error.definite and error.code != "cluster.unavailable":
+                    log.info("update %s refused: %s", type(command).__name__, error)
+                    return
+                if time.monotonic() > deadline_s:
+                    log.warning(
+                        "giving up on %s after %.0f s", type(command).__name__, FINAL_UPDATE_RETRY_S
+                    )
+                    return
+            await asyncio.sleep(0.5)
+
+    # One attempt.
+
+    def _environment(
+        self, attempt: _Attempt, checkpoint: dict[str, Any] | None, child_fd: int
+    ) -> dict[str, str]:
+        spec = self.store.replica.read(lambda machine: machine.jobs[attempt.job_id].spec)
+        description = protocol.TaskDescription(
+            job_id=attempt.job_id,
+            task_index=attempt.task_index,
+            array_size=spec.array_size,
+            attempt=attempt.attempt,
+            token=attempt.token,
+            entrypoint=spec.entrypoint,
+            workload=spec.workload,
+            args=json.loads(spec.args),
+            checkpoint=None
+            if checkpoint is None
+            else protocol.CheckpointRef(
+                uri=checkpoint["uri"], checksum=checkpoint["checksum"], step=checkpoint["step"]
+            ),
+            checkpoint_dir=str(self.config.checkpoint_dir),
+            device="cpu" if not attempt.devices else "cuda:0",
+            gpu_memory_mb=spec.gpu_memory_mb,
+        )
+        environment = dict(os.environ)
+        environment.update(
+            {
+                protocol.TASK_ENV: protocol.encode_task(description),
+                protocol.CONTROL_FD_ENV: str(child_fd),
+                "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in attempt.devices),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        root = str(Path(__file__).resolve().parent.parent.parent)
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [root, environment.get("PYTHONPATH")])
+        )
+        return environment
+
+    async def _supervise(self, attempt: _Attempt, checkpoint: dict[str, Any] | None) -> None:
+        parent, child = socket.socketpair()
+        log_file = logs_path(
+            self.config.data_dir, attempt.job_id, attempt.task_index, attempt.attempt
+        )
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            attempt.process = await asyncio.create_subprocess_exec(
+                *protocol.worker_command(self.python),
+                env=self._environment(attempt, checkpoint, child.fileno()),
+                pass_fds=(child.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            child.close()
+            parent.close()
+            await self._end(
+                attempt, exit_code=None, failure=(f"cannot start worker: {error}", True)
+            )
+            return
+        child.close()
+        log.info(
+            "running %s[%d] attempt %d (token %d) on %s",
+            attempt.job_id,
+            attempt.task_index,
+            attempt.attempt,
+            attempt.token,
+            ",".join(map(str, attempt.devices)) or "cpu",
+        )
+        reader, attempt.writer = await asyncio.open_unix_connection(
+            sock=parent, limit=protocol.LINE_BYTES_MAX
+        )
+        pumps = [
+            asyncio.create_task(self._pump_logs(attempt, log_file)),
+            asyncio.create_task(self._read_messages(attempt, reader)),
+            asyncio.create_task(self._keep_alive(attempt)),
+        ]
+        exit_code = await attempt.process.wait()
+        for pump in pumps[:2]:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(pump, 5.0)
+        pumps[2].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pumps[2]
+        attempt.writer.close()
+        await self._end(attempt, exit_code=exit_code, log_file=log_file)
+
+    async def _end(
+        self,
+        attempt: _Attempt,
+        *,
+        exit_code: int | None,
+        failure: tuple[str, bool] | None = None,
+        log_file: Path | None = None,
+    ) -> None:
+        try:
+            reason = attempt.stop_reason
+            if failure is not None:
+                attempt.failure = failure
+            if reason == "wall_time":
+                limit_s = attempt.wall_time_limit_s
+                await self._propose_final(
+                    attempt.fail(f"wall time limit of {limit_s} s reached", retryable=False)
+                )
+            elif reason is not None:
+                # Cancelled, superseded, lease lost or shutting down: the log already says what
+                # happens next (or the lease will expire); nothing to report.
+                pass
+            elif attempt.result is not None and exit_code == 0:
+                result = json.dumps(attempt.result, separators=(",", ":"))
+                await self._propose_final(
+                    TaskComplete(
+                        job_id=attempt.job_id,
+                        task_index=attempt.task_index,
+                        token=attempt.token,
+                        result=result,
+                    )
+                )
+            else:
+                error, retryable = attempt.failure or (
+                    f"worker exited with code {exit_code} without a result: {_tail(log_file)}",
+                    True,
+                )
+                await self._propose_final(attempt.fail(error, retryable=retryable))
+        finally:
+            self.attempts.pop(attempt.key, None)
+            self._release(attempt.devices)
+            log.info(
+                "%s[%d] attempt %d ended (exit %s, %s)",
+                attempt.job_id,
+                attempt.task_index,
+                attempt.attempt,
+                exit_code,
+                attempt.stop_reason or ("result" if attempt.result else "failure"),
+            )
+
+    async def _pump_logs(self, attempt: _Attempt, path: Path) -> None:
+        """Copies the worker's output to its log file, never letting the file pass
+        `executor.log_bytes_max`: past it, the newest half is kept (the end of a log says why a
+        task failed), whatever the size of the chunk that crossed the limit."""
+        assert attempt.process is not None and attempt.process.stdout is not None
+        limit = self.settings.log_bytes_max
+        marker = b"[xr: earlier output dropped, log limit reached]\n"
+        size = 0
+        with path.open("r+b" if path.exists() else "w+b") as sink:
+            sink.seek(0, os.SEEK_END)
+            size = sink.tell()
+            while chunk := await attempt.process.stdout.read(65536):
+                if size + len(chunk) <= limit:
+                    sink.write(chunk)
+                    size += len(chunk)
+                else:
+                    sink.seek(0)
+                    kept = (sink.read() + chunk)[-max(limit // 2 - len(marker), 0) :]
+                    sink.seek(0)
+                    sink.truncate()
+                    sink.write(marker + kept)
+                    size = sink.tell()
+                sink.flush()
+
+    async def _read_messages(self, attempt: _Attempt, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await reader.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                log.warning(
+                    "%s[%d]: control message too long; closing its channel",
+                    attempt.job_id,
+                    attempt.task_index,
+                )
+                return
+            if not line:
+                return
+            try:
+                message = protocol.decode(line)
+            except protocol.ProtocolError as error:
+                log.warning(
+                    "%s[%d]: bad control message: %s", attempt.job_id, attempt.task_index, error
+                )
+                continue
+            await self._handle(attempt, message)
+
+    async def _handle(self, attempt: _Attempt, message: protocol.Message) -> None:
+        if isinstance(message, protocol.Progress):
+            attempt.done, attempt.total = message.done, message.total
+            attempt.metrics = dict(list(message.metrics.items())[:METRICS_PER_UPDATE_MAX])
+        elif isinstance(message, protocol.CheckpointSaved):
+            await self._send(attempt, await self._commit_checkpoint(attempt, message))
+        elif isinstance(message, protocol.Result):
+            attempt.result = message.result
+        elif isinstance(message, protocol.Failed):
+            attempt.failure = (message.error, message.retryable)
+
+    async def _commit_checkpoint(
+        self, attempt: _Attempt, message: protocol.CheckpointSaved
+    ) -> protocol.CheckpointAck:
+        try:
+            await self._propose(
+                TaskCheckpoint(
+                    job_id=attempt.job_id,
+                    task_index=attempt.task_index,
+                    token=attempt.token,
+                    step=message.step,
+                    uri=message.uri,
+                    checksum=message.checksum,
+                    size_bytes=message.size_bytes,
+                )
+            )
+        except XrError as error:
+            # A refused token means another attempt owns the task now: stop this one. Anything
+            # else (no quorum, a step not newer) only means this checkpoint was not committed.
+            superseded = error.code in ("fencing.stale_token", "job.invalid_transition")
+            if superseded:
+                self._spawn(self._stop_worker(attempt, "superseded"))
+            return protocol.CheckpointAck(
+                ok=False,
+                error=f"{error.code}: {error.message}",
+                superseded=superseded,
+                step=message.step,
+            )
+        attempt.last_contact_s = time.monotonic()
+        return protocol.CheckpointAck(ok=True, superseded=False, step=message.step)
+
+    async def _send(self, attempt: _Attempt, message: protocol.ExecutorMessage) -> None:
+        if attempt.writer is None or attempt.writer.is_closing():
+            return
+        with contextlib.suppress(ConnectionError):
+            attempt.writer.write(protocol.encode(message))
+            await attempt.writer.drain()
+
+    async def _keep_alive(self, attempt: _Attempt) -> None:
+        interval_s = self.settings.lease_ttl_s / 3
+        while attempt.stop_reason is None:
+            await asyncio.sleep(interval_s)
+            if self._cancelled(attempt):
+                self._spawn(self._stop_worker(attempt, "cancelled"))
+                return
+            if attempt.wall_time_limit_s and (
+                time.monotonic() - attempt.started_s > attempt.wall_time_limit_s
+            ):
+                self._spawn(self._stop_worker(attempt, "wall_time"))
+                return
+            try:
+                await self._propose(
+                    TaskHeartbeat(
+                        job_id=attempt.job_id,
+                        task_index=attempt.task_index,
+                        token=attempt.token,
+                        done=attempt.done,
+                        total=attempt.total,
+                        metrics=attempt.metrics,
+                    )
+                )
+                attempt.last_contact_s = time.monotonic()
+            except XrError as error:
+                if error.definite and error.code != "cluster.unavailable":
+                    reason = "cancelled" if self._cancelled(attempt) else "superseded"
+                    log.info(
+                        "%s[%d] attempt %d %s: %s",
+                        attempt.job_id,
+                        attempt.task_index,
+                        attempt.attempt,
+                        reason,
+                        error,
+                    )
+                    self._spawn(self._stop_worker(attempt, reason))
+                    return
+                silent_s = time.monotonic() - attempt.last_contact_s
+                if silent_s > self.settings.contact_lost_limit_s:
+                    log.warning(
+                        "%s[%d]: no contact with the cluster for %.0f s; stopping it",
+                        attempt.job_id,
+                        attempt.task_index,
+                        silent_s,
+                    )
+                    self._spawn(self._stop_worker(attempt, "lease_lost"))
+                    return
+
+    def _cancelled(self, attempt: _Attempt) -> bool:
+        def query(machine: Any) -> bool:
+            job = machine.jobs.get(attempt.job_id)
+            return job is None or job.tasks[attempt.task_index].state is TaskState.CANCELLED
+
+        cancelled: bool = self.store.replica.read(query)
+        return cancelled
+
+    async def _stop_worker(self, attempt: _Attempt, reason: str) -> None:
+        if attempt.stop_reason is None:
+            attempt.stop_reason = reason
+        process = attempt.process
+        if process is None or process.returncode is not None:
+            return
+        await self._send(attempt, protocol.Stop(reason=reason))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), self.settings.kill_grace_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def _tail(path: Path | None, characters: int = 1500) -> str:
+    if path is None:
+        return ""
+    try:
+        return path.read_text(errors="replace")[-characters:]
+    except OSError:
+        return ""

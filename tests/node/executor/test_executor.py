@@ -1,0 +1,207 @@
+"""The executor with fake jobs, on one in-process node (its API, placement and executor) in CPU
+mode: success, failure and retry, a non-retryable failure, a crashed worker, cancellation,
+the wall-time limit, a worker that ignores SIGTERM, and bounded log capture served by the API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from node.config import NodeConfig, load_config
+from node.daemon import Node
+
+pytestmark = pytest.mark.integration
+WAIT_S = 60.0
+JOBS = "tests.node.executor.fake_jobs"
+
+
+def _port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _config(tmp_path: Path, **settings: str) -> NodeConfig:
+    overrides = {
+        "region.name": "solo",
+        "region.cpu_slots": "4",
+        "raft.address": f"127.0.0.1:{_port()}",
+        "http.address": f"127.0.0.1:{_port()}",
+        "data_dir": str(tmp_path),
+        "executor.lease_ttl_s": "3",
+        "executor.poll_interval_s": "0.1",
+        "executor.kill_grace_s": "1",
+        "executor.retry_backoff_base_s": "0.1",
+        "executor.log_bytes_max": "20000",
+    }
+    overrides.update(settings)
+    return load_config(environ={}, overrides=overrides)
+
+
+def _run(tmp_path: Path, body: Callable[[Any], Awaitable[None]], **settings: str) -> None:
+    config = _config(tmp_path, **settings)
+
+    async def main() -> None:
+        node = Node(config)
+        await node.start()
+        try:
+            async with aiohttp.ClientSession(f"http://{config.http.address}") as http:
+                api = _Api(http)
+                await api.until(lambda: api.get("/v1/regions"), lambda r: r["items"])
+                await body(api)
+        finally:
+            await node.stop()
+
+    asyncio.run(main())
+
+
+class _Api:
+    def __init__(self, http: aiohttp.ClientSession) -> None:
+        self.http = http
+
+    async def get(self, path: str) -> Any:
+        async with self.http.get(path) as answer:
+            return await answer.json()
+
+    async def submit(self, function: str, **spec: Any) -> str:
+        body = {"name": function, "entrypoint": f"{JOBS}:{function}", **spec}
+        async with self.http.post("/v1/jobs", json=body) as answer:
+            document = await answer.json()
+            assert answer.status == 201, document
+            job_id: str = document["job_id"]
+            return job_id
+
+    async def until(self, fetch: Callable[[], Awaitable[Any]], test: Callable[[Any], Any]) -> Any:
+        deadline_s = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline_s:
+            value = await fetch()
+            if test(value):
+                return value
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"not within {WAIT_S} s; last: {value}")
+
+    async def finished(self, job_id: str) -> dict[str, Any]:
+        job: dict[str, Any] = await self.until(
+            lambda: self.get(f"/v1/jobs/{job_id}"),
+            lambda job: job["state"] in ("succeeded", "failed", "cancelled"),
+        )
+        return job
+
+    async def running(self, job_id: str) -> dict[str, Any]:
+        job: dict[str, Any] = await self.until(
+            lambda: self.get(f"/v1/jobs/{job_id}"),
+            lambda job: job["tasks"][0]["state"] == "running" and job["tasks"][0]["done"] > 0,
+        )
+        return job
+
+
+def test_a_job_succeeds_and_its_output_is_served_as_logs(tmp_path: Path) -> None:
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("succeed")
+        job = await api.finished(job_id)
+        assert job["state"] == "succeeded"
+        assert json.loads(job["tasks"][0]["result"]) == {"answer": 42, "attempt": 1}
+        logs = await api.get(f"/v1/jobs/{job_id}/logs")
+        assert "hello from task 0 attempt 1" in logs["log"]
+
+    _run(tmp_path, body)
+
+
+def test_a_failing_job_is_retried_up_to_max_attempts(tmp_path: Path) -> None:
+    async def body(api: _Api) -> None:
+        recovers = await api.submit("fail_first_attempts", args={"succeed_on": 3}, max_attempts=3)
+        gives_up = await api.submit("fail_first_attempts", args={"succeed_on": 9}, max_attempts=2)
+        job = await api.finished(recovers)
+        assert job["state"] == "succeeded"
+        assert [a["outcome"] for a in job["tasks"][0]["attempts"]] == [
+            "failed",
+            "failed",
+            "succeeded",
+        ]
+        job = await api.finished(gives_up)
+        assert job["state"] == "failed"
+        assert len(job["tasks"][0]["attempts"]) == 2
+        assert "fails on purpose" in job["tasks"][0]["error"]
+
+    _run(tmp_path, body)
+
+
+def test_a_non_retryable_failure_ends_the_job_at_once(tmp_path: Path) -> None:
+    async def body(api: _Api) -> None:
+        job = await api.finished(await api.submit("refuse", max_attempts=5))
+        assert job["state"] == "failed"
+        assert len(job["tasks"][0]["attempts"]) == 1
+        assert "bad input" in job["tasks"][0]["error"]
+
+    _run(tmp_path, body)
+
+
+def test_a_crashed_worker_is_a_retryable_failure_with_its_output(tmp_path: Path) -> None:
+    async def body(api: _Api) -> None:
+        job = await api.finished(await api.submit("crash", max_attempts=2))
+        assert job["state"] == "failed"
+        task = job["tasks"][0]
+        assert len(task["attempts"]) == 2
+        assert "code 7" in task["error"] and "about to crash" in task["error"]
+
+    _run(tmp_path, body)
+
+
+def test_cancel_stops_a_running_worker(tmp_path: Path) -> None:
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("run_until_stopped")
+        await api.running(job_id)
+        async with api.http.post(f"/v1/jobs/{job_id}/cancel", json={}) as answer:
+            assert answer.status == 200
+        job = await api.finished(job_id)
+        assert job["state"] == "cancelled"
+        assert job["tasks"][0]["attempts"][0]["outcome"] == "cancelled"
+
+    _run(tmp_path, body)
+
+
+def test_the_wall_time_limit_fails_the_task_without_retry(tmp_path: Path) -> None:
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("run_until_stopped", wall_time_limit_s=1, max_attempts=3)
+        job = await api.finished(job_id)
+        assert job["state"] == "failed"
+        assert len(job["tasks"][0]["attempts"]) == 1
+        assert "wall time limit" in job["tasks"][0]["error"]
+
+    _run(tmp_path, body)
+
+
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("ignore_stop")
+        await api.running(job_id)
+        async with api.http.post(f"/v1/jobs/{job_id}/cancel", json={}) as answer:
+            assert answer.status == 200
+        await api.finished(job_id)
+        # The slot comes back: another job runs to the end.
+        job = await api.finished(await api.submit("succeed"))
+        assert job["state"] == "succeeded"
+
+    _run(tmp_path, body, **{"region.cpu_slots": "1"})
+
+
+def test_captured_output_is_bounded_and_keeps_the_end(tmp_path: Path) -> None:
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("noisy", args={"lines": 2000, "burst": 100_000})
+        job = await api.finished(job_id)
+        assert job["state"] == "succeeded"
+        logs = await api.get(f"/v1/jobs/{job_id}/logs?tail_bytes=1000000")
+        assert logs["size_bytes"] <= 20000
+        assert "earlier output dropped" in logs["log"]
+        assert logs["log"].rstrip().endswith("last line")
+
+    _run(tmp_path, body)
