@@ -11,6 +11,9 @@ Rules (the scheduling issue replaces this module with a richer policy):
 - Tasks are taken in order of job priority (highest first), then submission.
 - A task that failed waits out a backoff before it is placed again: base * 2^(failures - 1),
   at most max, on replicated time since its last update.
+- A task whose last attempt lost its lease does not go back to that region while another region
+  fits: the region most likely died, and its heartbeats take longer to go stale (10 s) than an
+  attempt's lease (`executor.lease_ttl_s`), so it still looks healthy for a while.
 - A task assigned to a region that became unhealthy before claiming it is taken back.
 At most `decisions_max` decisions per call, so one pass is bounded however long the queue.
 """
@@ -117,12 +120,16 @@ def _backing_off(machine: StateMachine, task: Task, settings: PlacementSettings)
     return bool(machine.now_ms < task.updated_at_ms + delay_ms)
 
 
-def _choose(job: Job, rooms: dict[str, _Room]) -> _Room | None:
+def _choose(job: Job, task: Task, rooms: dict[str, _Room]) -> _Room | None:
     candidates = [
         room
         for name, room in rooms.items()
         if job.spec.allows(name) and _take(room, job, commit=False)
     ]
+    lost = task.attempts[-1] if task.attempts else None
+    if lost is not None and lost.outcome == "lease_expired":
+        elsewhere = [room for room in candidates if room.region.name != lost.region]
+        candidates = elsewhere or candidates
     if not candidates:
         return None
     preferred = set(job.spec.regions_prefer)
@@ -154,7 +161,7 @@ def place(machine: StateMachine, settings: PlacementSettings | None = None) -> l
                 return decisions
             if task.state is not TaskState.PENDING or _backing_off(machine, task, settings):
                 continue
-            room = _choose(job, rooms)
+            room = _choose(job, task, rooms)
             if room is None:
                 continue
             _take(room, job, commit=True)

@@ -81,6 +81,9 @@ class _Attempt:
     failure: tuple[str, bool] | None = None
     stop_reason: str | None = None
     started_s: float = field(default_factory=time.monotonic)
+    # Set by the first progress message: the first heartbeat goes out at once, so the log shows
+    # a task's start without waiting a heartbeat interval.
+    first_progress: asyncio.Event = field(default_factory=asyncio.Event)
     last_contact_s: float = field(default_factory=time.monotonic)
 
     @property
@@ -446,6 +449,7 @@ class Executor:
     async def _handle(self, attempt: _Attempt, message: protocol.Message) -> None:
         if isinstance(message, protocol.Progress):
             attempt.done, attempt.total = message.done, message.total
+            attempt.first_progress.set()
             attempt.metrics = dict(list(message.metrics.items())[:METRICS_PER_UPDATE_MAX])
         elif isinstance(message, protocol.CheckpointSaved):
             await self._send(attempt, await self._commit_checkpoint(attempt, message))
@@ -493,8 +497,14 @@ class Executor:
 
     async def _keep_alive(self, attempt: _Attempt) -> None:
         interval_s = self.settings.lease_ttl_s / 3
+        reported_first = False
         while attempt.stop_reason is None:
-            await asyncio.sleep(interval_s)
+            if reported_first:
+                await asyncio.sleep(interval_s)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(attempt.first_progress.wait(), interval_s)
+                reported_first = attempt.first_progress.is_set()
             if self._cancelled(attempt):
                 self._spawn(self._stop_worker(attempt, "cancelled"))
                 return

@@ -130,3 +130,19 @@ def test_one_pass_makes_at_most_decisions_max_decisions() -> None:
     _region(driver, "a", slots=100)
     _submit(driver, "many", array_size=50)
     assert len(place(driver.machine, PlacementSettings(decisions_max=7))) == 7
+
+
+def test_a_task_whose_lease_expired_goes_to_another_region_while_one_fits() -> None:
+    driver = Driver()
+    _region(driver, "a")
+    _region(driver, "b")
+    job_id = _submit(driver, "moved", regions_prefer=("a",))
+    assert _apply_all(driver) == [(job_id, 0, "a")]
+    driver.ok(
+        TaskClaim(job_id=job_id, task_index=0, region="a", executor_id="e", lease_ttl_ms=2_000)
+    )
+    # Region a still looks healthy (its heartbeat is recent) when the attempt's lease runs out.
+    for _ in range(3):
+        driver.ok(Tick(), advance_ms=1_000)
+    assert driver.machine.jobs[job_id].tasks[0].attempts[0].outcome == "lease_expired"
+    assert _apply_all(driver) == [(job_id, 0, "b")]
