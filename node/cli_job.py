@@ -31,10 +31,6 @@ __all__ = ["job"]
 _STATES = [state.value for state in TaskState]
 # How often `xr job watch` looks at the job: a change shows at most this late.
 _WATCH_POLL_S = 1.0
-_LOGS_NOTE = (
-    "log capture arrives with the executor (not built yet); this is the job's event timeline, "
-    "not its output"
-)
 
 
 @click.group()
@@ -297,32 +293,47 @@ def _print_changes(previous: dict[str, Any] | None, current: dict[str, Any]) -> 
 
 @job.command("logs")
 @click.argument("job_id", metavar="ID", callback=non_empty)
+@click.option(
+    "--task",
+    "task_index",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="The task's index in the job array.",
+)
+@click.option(
+    "--attempt",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The attempt's number (default: the latest).",
+)
+@click.option(
+    "--tail-bytes",
+    type=click.IntRange(1, 1 << 20),
+    default=65_536,
+    show_default=True,
+    help="Show at most this many bytes from the end.",
+)
 @client_options
-def job_logs(job_id: str) -> int:
-    """Show what is known of a job's run: for now its event timeline.
+def job_logs(job_id: str, task_index: int, attempt: int | None, tail_bytes: int) -> int:
+    """Show a task attempt's captured output (stdout and stderr).
 
-    Log capture arrives with the executor, which is not built yet: until then this prints the
-    job's events (submission, each attempt's start and end, with region and outcome), never the
-    job's output.
+    The output stays on the region that ran the attempt, bounded by its executor.log_bytes_max
+    (the newest part is kept); any node fetches it from there.
     """
     with connect() as client:
-        events = client.jobs.events(job_id)
+        logs = client.jobs.logs(
+            job_id, task_index=task_index, attempt=attempt, tail_bytes=tail_bytes
+        )
 
     def human() -> None:
-        click.echo(f"note: {_LOGS_NOTE}")
-        rows = [
-            [
-                format_time_ms(event.at_ms),
-                event.kind,
-                event.task_index,
-                event.attempt,
-                event.region,
-                event.outcome or (None if event.restored_step is None else "restored"),
-                event.error,
-            ]
-            for event in events
-        ]
-        click.echo(table(["TIME", "EVENT", "TASK", "ATTEMPT", "REGION", "OUTCOME", "ERROR"], rows))
+        if logs.truncated:
+            click.echo(
+                f"[xr: the last {len(logs.log.encode())} of {logs.size_bytes} bytes of task "
+                f"{logs.task_index} attempt {logs.attempt} in {logs.region}]",
+                err=True,
+            )
+        click.echo(logs.log, nl=False)
 
-    emit({"job_id": job_id, "note": _LOGS_NOTE, "events": to_document(events)}, human)
+    emit(to_document(logs), human)
     return 0

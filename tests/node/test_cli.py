@@ -69,9 +69,9 @@ def test_help__client_commands_take_the_connection_options() -> None:
         assert option in result.output
 
 
-def test_help__job_logs_says_log_capture_is_not_built_yet() -> None:
+def test_help__job_logs_describes_the_captured_output() -> None:
     result = CliRunner().invoke(xr, ["job", "logs", "--help"])
-    assert "Log capture arrives with the executor" in result.output
+    assert "captured output" in result.output and "--attempt" in result.output
 
 
 @pytest.mark.parametrize(
@@ -509,7 +509,13 @@ def test_lock_run__a_lost_lock_stops_the_command(
 
 
 def test_job__submit_ls_show_cancel_watch_logs(run: Callable[..., Ran]) -> None:
-    submitted = run("job", "submit", "cli-train", "--workload", "sleep", "--args", '{"s": 1}')
+    submitted = run(
+        "job",
+        "submit",
+        "cli-train",
+        "--entrypoint",
+        "tests.node.executor.fake_jobs:run_until_stopped",
+    )
     assert submitted.code == 0
     job_id = submitted.out.strip()
     run("job", "submit", "cli-array", "--entrypoint", "pkg.mod:fn", "--array", "3", "--gpus", "1")
@@ -518,9 +524,16 @@ def test_job__submit_ls_show_cancel_watch_logs(run: Callable[..., Ran]) -> None:
     assert job_id in run("job", "ls").out
     shown = run("job", "show", job_id, "--json").json()
     assert shown["name"] == "cli-train" and len(shown["tasks"]) == 1
-    logs = run("job", "logs", job_id)
-    assert "log capture arrives with the executor" in logs.out
-    assert "submitted" in logs.out
+    hello = run(
+        "job", "submit", "cli-hello", "--entrypoint", "tests.node.executor.fake_jobs:succeed"
+    ).out.strip()
+    deadline_s = time.monotonic() + 60
+    while run("job", "show", hello, "--json").json()["state"] != "succeeded":
+        assert time.monotonic() < deadline_s, "the job did not succeed"
+        time.sleep(0.1)
+    logs = run("job", "logs", hello)
+    assert logs.code == 0 and "hello from task 0 attempt 1" in logs.out
+    assert run("job", "logs", hello, "--json").json()["attempt"] == 1
     cancelled = run("job", "cancel", job_id, "--reason", "test")
     assert cancelled.code == 0
     assert run("job", "show", job_id, "--json").json()["state"] == "cancelled"

@@ -20,6 +20,7 @@ from xrcore.client._models import (
     DeleteResult,
     Job,
     JobEvent,
+    JobLogs,
     JobPage,
     KeyPage,
     KeyValue,
@@ -366,6 +367,22 @@ class AsyncJobs:
         """The job's timeline: submission, then each attempt's start and end, in time order."""
         document = await self._transport.call("GET", f"{_job_path(job_id)}/events")
         return convert(document["events"], tuple[JobEvent, ...])
+
+    async def logs(
+        self,
+        job_id: str,
+        *,
+        task_index: int = 0,
+        attempt: int | None = None,
+        tail_bytes: int = 65_536,
+    ) -> JobLogs:
+        """The end of a task attempt's output (the latest attempt unless `attempt` is given),
+        read from the region that ran it."""
+        query = {"task_index": str(task_index), "tail_bytes": str(tail_bytes)}
+        if attempt is not None:
+            query["attempt"] = str(attempt)
+        document = await self._transport.call("GET", f"{_job_path(job_id)}/logs", query=query)
+        return convert(document, JobLogs)
 
     async def wait(self, job_id: str, *, timeout_s: float | None = None) -> Job:
         """The job once every task has finished (succeeded, failed or cancelled). Long polls;

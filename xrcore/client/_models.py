@@ -261,6 +261,19 @@ class JobEvent(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
+class JobLogs(msgspec.Struct, frozen=True, kw_only=True):
+    """The end of one task attempt's captured stdout and stderr."""
+
+    job_id: str
+    task_index: int
+    attempt: int
+    region: str
+    log: str
+    # True when the log holds more than was answered (`tail_bytes`).
+    truncated: bool
+    size_bytes: int
+
+
 # Regions and the cluster.
 
 

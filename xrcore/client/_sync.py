@@ -40,6 +40,7 @@ from xrcore.client._models import (
     Health,
     Job,
     JobEvent,
+    JobLogs,
     JobPage,
     KeyPage,
     KeyValue,
@@ -314,6 +315,18 @@ class Jobs:
 
     def events(self, job_id: str) -> tuple[JobEvent, ...]:
         return self._loop.run(self._jobs.events(job_id))
+
+    def logs(
+        self,
+        job_id: str,
+        *,
+        task_index: int = 0,
+        attempt: int | None = None,
+        tail_bytes: int = 65_536,
+    ) -> JobLogs:
+        return self._loop.run(
+            self._jobs.logs(job_id, task_index=task_index, attempt=attempt, tail_bytes=tail_bytes)
+        )
 
     def wait(self, job_id: str, *, timeout_s: float | None = None) -> Job:
         return self._loop.run(self._jobs.wait(job_id, timeout_s=timeout_s))
