@@ -80,7 +80,12 @@ class Node:
         self.inventory = detect_inventory(config.region.cpu_slots)
         self.executor: Executor | None = None
         if config.executor.enabled:
-            self.executor = Executor(config, self.store, gpu_count=len(self.inventory.gpus))
+            self.executor = Executor(
+                config,
+                self.store,
+                gpu_memory_mb=[gpu.memory_mb for gpu in self.inventory.gpus],
+                gpu_models=[gpu.model for gpu in self.inventory.gpus],
+            )
 
     async def start(self) -> None:
         await self.store.start()

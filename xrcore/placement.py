@@ -3,7 +3,8 @@
 Rules (the scheduling issue replaces this module with a richer policy):
 - A task can go to a region that is healthy (recent heartbeat on the lease clock), that its job
   allows (allow and deny lists), and that has room: a region with GPUs gives a GPU task that many
-  whole free devices of the requested model and memory, and a CPU task one of its CPU slots; a
+  whole free devices of the requested model and memory, a task asking only for GPU memory a share
+  of one device (`xrcore.devices`: packed best fit), and a CPU task one of its CPU slots; a
   region without GPUs (CPU mode) runs any task in one of its CPU slots, so every feature works
   on a machine without accelerators.
 - Among those, regions the job prefers come first, then the least loaded (the fraction of its
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from xrcore import regions
 from xrcore.commands import Command, TaskAssign, TaskUnassign
+from xrcore.devices import DeviceLedger
 from xrcore.model import Job, Region, Task, TaskState
 
 if TYPE_CHECKING:
@@ -40,19 +42,27 @@ class PlacementSettings:
     decisions_max: int = 256
 
 
+def _uses_gpu(job: Job, region: Region) -> bool:
+    """Whether the task takes GPU devices (whole or shared) in this region, or a CPU slot."""
+    spec = job.spec
+    return bool(region.gpus) and (spec.gpus > 0 or spec.gpu_memory_mb > 0)
+
+
 @dataclass
 class _Room:
     """What a region has free in this pass, updated as tasks are placed."""
 
     region: Region
-    free_gpus: list[int]  # device indexes
+    ledger: DeviceLedger
     free_slots: int
     capacity: int
-    used: int
+    # Tasks counted against the region that no longer fit it (it shrank): they load it fully.
+    overflow: int = 0
 
     @property
     def load(self) -> float:
-        return self.used / self.capacity if self.capacity else 1.0
+        used = self.ledger.used + self.region.cpu_slots - self.free_slots + self.overflow
+        return used / self.capacity if self.capacity else 1.0
 
 
 def _rooms(machine: StateMachine) -> dict[str, _Room]:
@@ -63,52 +73,40 @@ def _rooms(machine: StateMachine) -> dict[str, _Room]:
             continue
         rooms[name] = _Room(
             region=region,
-            free_gpus=list(range(len(region.gpus))),
+            ledger=DeviceLedger(
+                memory_mb=[gpu.memory_mb for gpu in region.gpus],
+                models=[gpu.model for gpu in region.gpus],
+            ),
             free_slots=region.cpu_slots,
             capacity=len(region.gpus) + region.cpu_slots,
-            used=0,
         )
     for job in machine.jobs.values():
         for task in job.tasks:
             if task.state in (TaskState.ASSIGNED, TaskState.RUNNING) and task.region in rooms:
-                _take(rooms[task.region], job, commit=True)
+                room = rooms[task.region]
+                if not _take(room, job, commit=True):
+                    room.overflow += 1
     return rooms
 
 
-def _gpu_fits(job: Job, room: _Room) -> list[int] | None:
-    """The device indexes a GPU task would get in a region with GPUs, or None."""
-    spec = job.spec
-    fitting = [
-        device
-        for device in room.free_gpus
-        if (spec.gpu_model is None or room.region.gpus[device].model == spec.gpu_model)
-        and room.region.gpus[device].memory_mb >= spec.gpu_memory_mb
-    ]
-    return fitting[: spec.gpus] if len(fitting) >= spec.gpus else None
-
-
 def _take(room: _Room, job: Job, *, commit: bool) -> bool:
-    """Whether `job`'s task fits in `room`; with `commit`, takes the room it needs (tasks
-    already assigned are counted this way even if the region shrank: `used` may exceed)."""
-    if job.spec.gpus > 0 and room.region.gpus:
-        devices = _gpu_fits(job, room)
-        if devices is None:
-            if commit:
-                room.used += job.spec.gpus
-                del room.free_gpus[: job.spec.gpus]
-            return False
-        if commit:
-            for device in devices:
-                room.free_gpus.remove(device)
-            room.used += len(devices)
-        return True
+    """Whether `job`'s task fits in `room`; with `commit`, takes what it needs."""
+    spec = job.spec
+    if _uses_gpu(job, room.region):
+        ledger = room.ledger
+        if not commit:
+            ledger = DeviceLedger(
+                memory_mb=ledger.memory_mb,
+                models=ledger.models,
+                whole=set(ledger.whole),
+                shared_mb=dict(ledger.shared_mb),
+            )
+        grant = ledger.reserve(gpus=spec.gpus, memory_mb=spec.gpu_memory_mb, model=spec.gpu_model)
+        return grant is not None
     if room.free_slots < 1:
-        if commit:
-            room.used += 1
         return False
     if commit:
         room.free_slots -= 1
-        room.used += 1
     return True
 
 

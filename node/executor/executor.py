@@ -41,12 +41,14 @@ from node.executor import protocol
 from raftstore.store import RaftStore
 from xrcore.commands import (
     Command,
+    JobSpec,
     TaskCheckpoint,
     TaskClaim,
     TaskComplete,
     TaskFail,
     TaskHeartbeat,
 )
+from xrcore.devices import DeviceLedger, Grant
 from xrcore.errors import XrError
 from xrcore.limits import MESSAGE_BYTES_MAX, METRICS_PER_UPDATE_MAX
 from xrcore.model import TaskState
@@ -70,7 +72,7 @@ class _Attempt:
     task_index: int
     token: int
     attempt: int
-    devices: list[int]
+    grant: Grant
     wall_time_limit_s: int
     process: asyncio.subprocess.Process | None = None
     writer: asyncio.StreamWriter | None = None
@@ -107,7 +109,8 @@ class Executor:
         config: NodeConfig,
         store: RaftStore,
         *,
-        gpu_count: int = 0,
+        gpu_memory_mb: list[int] | None = None,
+        gpu_models: list[str] | None = None,
         python: str = sys.executable,
     ) -> None:
         self.config = config
@@ -116,8 +119,10 @@ class Executor:
         self.region = config.region.name
         self.executor_id = f"{self.region}-{secrets.token_hex(4)}"
         self.python = python
-        self.gpu_count = gpu_count
-        self.free_devices = list(range(gpu_count))
+        # The region's devices, whole or shared, counted as the placement policy counts them.
+        self.ledger = DeviceLedger(
+            memory_mb=list(gpu_memory_mb or []), models=list(gpu_models or [])
+        )
         self.free_slots = config.region.cpu_slots
         self.attempts: dict[tuple[str, int], _Attempt] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -158,28 +163,26 @@ class Executor:
                 log.exception("claiming tasks failed")
             await asyncio.sleep(self.settings.poll_interval_s)
 
-    def _assigned_here(self) -> list[tuple[str, int, int, int]]:
-        """(job_id, task_index, gpus, wall_time_limit_s) of tasks assigned to this region."""
+    def _assigned_here(self) -> list[tuple[str, int, JobSpec, int]]:
+        """(job_id, task_index, spec, wall_time_limit_s) of tasks assigned to this region."""
 
-        def query(machine: Any) -> list[tuple[str, int, int, int]]:
+        def query(machine: Any) -> list[tuple[str, int, JobSpec, int]]:
             found = []
             for job in machine.jobs.values():
                 for task in job.tasks:
                     if task.state is TaskState.ASSIGNED and task.region == self.region:
-                        found.append(
-                            (job.job_id, task.index, job.spec.gpus, job.spec.wall_time_limit_s)
-                        )
+                        found.append((job.job_id, task.index, job.spec, job.spec.wall_time_limit_s))
             return found
 
-        result: list[tuple[str, int, int, int]] = self.store.replica.read(query)
+        result: list[tuple[str, int, JobSpec, int]] = self.store.replica.read(query)
         return result
 
     async def _claim_assigned(self) -> None:
-        for job_id, task_index, gpus, wall_time_limit_s in self._assigned_here():
+        for job_id, task_index, spec, wall_time_limit_s in self._assigned_here():
             if (job_id, task_index) in self.attempts or self._stopping:
                 continue
-            devices = self._reserve(gpus)
-            if devices is None:
+            grant = self._reserve(spec)
+            if grant is None:
                 continue
             try:
                 claimed = await self._propose(
@@ -192,7 +195,7 @@ class Executor:
                     )
                 )
             except XrError as error:
-                self._release(devices)
+                self._release(grant)
                 log.debug("claim of %s[%d] refused: %s", job_id, task_index, error)
                 continue
             attempt = _Attempt(
@@ -200,28 +203,28 @@ class Executor:
                 task_index=task_index,
                 token=claimed["token"],
                 attempt=claimed["attempt"],
-                devices=devices,
+                grant=grant,
                 wall_time_limit_s=wall_time_limit_s,
             )
             self.attempts[attempt.key] = attempt
             self._spawn(self._supervise(attempt, claimed.get("checkpoint")))
 
-    def _reserve(self, gpus: int) -> list[int] | None:
-        """Whole devices for a GPU task on a region with GPUs; otherwise one CPU slot (CPU mode
-        runs GPU tasks on NumPy), as `xrcore.placement` counts them. None when full."""
-        if gpus > 0 and self.gpu_count:
-            if len(self.free_devices) < gpus:
-                return None
-            devices, self.free_devices = self.free_devices[:gpus], self.free_devices[gpus:]
-            return devices
+    def _reserve(self, spec: JobSpec) -> Grant | None:
+        """Whole devices or a memory share of one (`xrcore.devices`) for a task that uses GPUs
+        on a region with GPUs; otherwise one CPU slot (CPU mode runs GPU tasks on NumPy), as
+        `xrcore.placement` counts them. None when it does not fit now."""
+        if self.ledger.memory_mb and (spec.gpus > 0 or spec.gpu_memory_mb > 0):
+            return self.ledger.reserve(
+                gpus=spec.gpus, memory_mb=spec.gpu_memory_mb, model=spec.gpu_model
+            )
         if self.free_slots < 1:
             return None
         self.free_slots -= 1
-        return []
+        return Grant(devices=())
 
-    def _release(self, devices: list[int]) -> None:
-        if devices:
-            self.free_devices = sorted(self.free_devices + devices)
+    def _release(self, grant: Grant) -> None:
+        if grant.devices:
+            self.ledger.release(grant)
         else:
             self.free_slots += 1
 
@@ -283,15 +286,16 @@ class Executor:
                 uri=checkpoint["uri"], checksum=checkpoint["checksum"], step=checkpoint["step"]
             ),
             checkpoint_dir=str(self.config.checkpoint_dir),
-            device="cpu" if not attempt.devices else "cuda:0",
-            gpu_memory_mb=spec.gpu_memory_mb,
+            device="cpu" if not attempt.grant.devices else "cuda:0",
+            # A shared device caps the worker's memory pool at its share.
+            gpu_memory_mb=attempt.grant.shared_memory_mb or spec.gpu_memory_mb,
         )
         environment = dict(os.environ)
         environment.update(
             {
                 protocol.TASK_ENV: protocol.encode_task(description),
                 protocol.CONTROL_FD_ENV: str(child_fd),
-                "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in attempt.devices),
+                "CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in attempt.grant.devices),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -331,7 +335,7 @@ class Executor:
             attempt.task_index,
             attempt.attempt,
             attempt.token,
-            ",".join(map(str, attempt.devices)) or "cpu",
+            ",".join(map(str, attempt.grant.devices)) or "cpu",
         )
         reader, attempt.writer = await asyncio.open_unix_connection(
             sock=parent, limit=protocol.LINE_BYTES_MAX
@@ -390,7 +394,7 @@ class Executor:
                 await self._propose_final(attempt.fail(error, retryable=retryable))
         finally:
             self.attempts.pop(attempt.key, None)
-            self._release(attempt.devices)
+            self._release(attempt.grant)
             log.info(
                 "%s[%d] attempt %d ended (exit %s, %s)",
                 attempt.job_id,

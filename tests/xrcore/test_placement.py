@@ -146,3 +146,15 @@ def test_a_task_whose_lease_expired_goes_to_another_region_while_one_fits() -> N
         driver.ok(Tick(), advance_ms=1_000)
     assert driver.machine.jobs[job_id].tasks[0].attempts[0].outcome == "lease_expired"
     assert _apply_all(driver) == [(job_id, 0, "b")]
+
+
+def test_tasks_asking_for_gpu_memory_share_one_device() -> None:
+    driver = Driver()
+    _region(driver, "gpu", slots=0, gpus=2)
+    for name in ("share-1", "share-2", "share-3"):
+        _submit(driver, name, gpu_memory_mb=30_000)
+    whole = _submit(driver, "whole", gpus=1)
+    # Two shares fit one 80 GB device; the third takes the other; then nothing is whole.
+    placed = _apply_all(driver)
+    assert [region for _, _, region in placed] == ["gpu", "gpu", "gpu"]
+    assert whole not in [job for job, _, _ in placed]

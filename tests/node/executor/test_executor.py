@@ -205,3 +205,32 @@ def test_captured_output_is_bounded_and_keeps_the_end(tmp_path: Path) -> None:
         assert logs["log"].rstrip().endswith("last line")
 
     _run(tmp_path, body)
+
+
+def test_the_executor_packs_memory_shares_onto_one_device_and_keeps_slots_for_cpu_tasks(
+    tmp_path: Path,
+) -> None:
+    from typing import cast
+
+    from node.executor.executor import Executor
+    from raftstore.store import RaftStore
+    from xrcore.commands import JobSpec
+
+    config = _config(tmp_path, **{"region.cpu_slots": "1"})
+    executor = Executor(config, cast(RaftStore, None), gpu_memory_mb=[16_000, 16_000])
+
+    def spec(**fields: Any) -> JobSpec:
+        return JobSpec(name="t", workload="gemm", **fields)
+
+    shares = [executor._reserve(spec(gpu_memory_mb=6_000)) for _ in range(3)]
+    assert [share.devices if share else None for share in shares] == [(0,), (0,), (1,)]
+    assert all(share is not None and share.shared_memory_mb == 6_000 for share in shares)
+    assert executor._reserve(spec(gpus=1)) is None  # both devices are shared now
+    cpu = executor._reserve(spec())
+    assert cpu is not None and cpu.devices == ()
+    assert executor._reserve(spec()) is None  # the one CPU slot is taken
+    for grant in (*shares, cpu):
+        assert grant is not None
+        executor._release(grant)
+    whole = executor._reserve(spec(gpus=2))
+    assert whole is not None and whole.devices == (0, 1)
