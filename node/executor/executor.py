@@ -235,12 +235,10 @@ class Executor:
 
     # Proposals.
 
-    async def _propose(self, command: Command, *, idempotent: bool = False) -> dict[str, Any]:
-        client_id = seq = None
-        if idempotent:
-            self._seq += 1
-            client_id, seq = self.executor_id, self._seq
-        applied = await self.store.propose(command, client_id=client_id, seq=seq)
+    async def _propose(self, command: Command) -> dict[str, Any]:
+        """Claims, heartbeats and checkpoints: not retried here (the next heartbeat or claim
+        pass is the retry), so they carry no idempotency key."""
+        applied = await self.store.propose(command)
         value: dict[str, Any] = applied.result.unwrap()
         return value
 
@@ -321,11 +319,14 @@ class Executor:
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
             )
-        except OSError as error:
+        except (OSError, protocol.ProtocolError) as error:
+            # A description the worker would refuse (bad arguments) fails for good; an
+            # operating-system error (no processes, no memory) may pass.
+            retryable = isinstance(error, OSError)
             child.close()
             parent.close()
             await self._end(
-                attempt, exit_code=None, failure=(f"cannot start worker: {error}", True)
+                attempt, exit_code=None, failure=(f"cannot start worker: {error}", retryable)
             )
             return
         child.close()

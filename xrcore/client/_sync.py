@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import threading
 from collections.abc import AsyncIterator, Awaitable, Sequence
@@ -74,8 +75,9 @@ class _Loop:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, work: Awaitable[T]) -> T:
-        """Runs `work` on the loop and waits for its result (or its exception) here."""
+    def run(self, work: Awaitable[T], *, timeout_s: float | None = None) -> T:
+        """Runs `work` on the loop and waits for its result (or its exception) here; with
+        `timeout_s`, at most that long (TimeoutError, and the work is cancelled)."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("a Client method was called from the client's own event loop")
         if self.loop.is_closed():
@@ -84,7 +86,7 @@ class _Loop:
             raise RuntimeError("the client is closed")
         future = asyncio.run_coroutine_threadsafe(_awaited(work), self.loop)
         try:
-            return future.result()
+            return future.result(timeout_s)
         except concurrent.futures.CancelledError:
             if self._closing:
                 raise RuntimeError("the client was closed while this call ran") from None
@@ -101,8 +103,9 @@ class _Loop:
         # Calls still running (another thread's watch) are cancelled, and raise RuntimeError in
         # their threads, rather than wait forever on a stopped loop; iterators left open are
         # closed on their own loop rather than by the garbage collector after it is gone.
-        self.run(_cancel_pending())
-        self.run(self.loop.shutdown_asyncgens())
+        with contextlib.suppress(RuntimeError, TimeoutError):
+            self.run(_cancel_pending(), timeout_s=_CLOSE_JOIN_S)
+            self.run(self.loop.shutdown_asyncgens(), timeout_s=_CLOSE_JOIN_S)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(_CLOSE_JOIN_S)
         if not self._thread.is_alive():
@@ -157,7 +160,10 @@ class Stream(Generic[T]):
         self._closed = True
         closing = getattr(self._items, "aclose", None)
         if closing is not None and not self._loop.loop.is_closed():
-            self._loop.run(closing())
+            # Bounded: after an interrupt the generator may still be finishing its cancelled
+            # step ("already running"); the client's close cancels whatever is left.
+            with contextlib.suppress(RuntimeError, TimeoutError):
+                self._loop.run(closing(), timeout_s=_CLOSE_JOIN_S)
 
     def __enter__(self) -> Stream[T]:
         return self
