@@ -230,6 +230,13 @@ def _xr_command(*arguments: str) -> list[str]:
     return [sys.executable, "-m", "node.cli", *arguments]
 
 
+def _interruptible() -> None:
+    """Runs in the child before exec: Ctrl-C's default action, as in a foreground terminal. A
+    test run started in the background by a non-interactive shell ignores SIGINT, children
+    inherit that, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _environment() -> dict[str, str]:
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(
@@ -418,6 +425,7 @@ def test_kv_watch__prints_changes_and_exits_130_on_ctrl_c(
         stderr=subprocess.PIPE,
         text=True,
         env=_environment(),
+        preexec_fn=_interruptible,
         cwd=ROOT,
     )
     try:
