@@ -62,22 +62,27 @@ class RegionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     labels: dict[str, str] = {}
 
 
+def _raft_default(name: str) -> Any:
+    """RaftConfig's default for a setting: one place defines (and explains) each Raft timing."""
+    return RaftConfig.__dataclass_fields__[name].default
+
+
 class RaftSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     address: str
     peers: list[str] = []
     cluster_secret: str | None = None
     cluster_secret_file: str | None = None
-    raft_min_timeout_s: float = 0.4
-    raft_max_timeout_s: float = 1.0
-    append_entries_period_s: float = 0.1
-    leader_fallback_timeout_s: float = 5.0
-    connection_timeout_s: float = 3.5
-    connection_retry_time_s: float = 1.0
-    log_compaction_min_entries: int = 50_000
-    log_compaction_min_time_s: float = 600.0
-    lease_tick_interval_s: float = 0.25
-    proposals_in_flight_max: int = 10_000
-    propose_timeout_s: float = 5.0
+    raft_min_timeout_s: float = _raft_default("raft_min_timeout_s")
+    raft_max_timeout_s: float = _raft_default("raft_max_timeout_s")
+    append_entries_period_s: float = _raft_default("append_entries_period_s")
+    leader_fallback_timeout_s: float = _raft_default("leader_fallback_timeout_s")
+    connection_timeout_s: float = _raft_default("connection_timeout_s")
+    connection_retry_time_s: float = _raft_default("connection_retry_time_s")
+    log_compaction_min_entries: int = _raft_default("log_compaction_min_entries")
+    log_compaction_min_time_s: float = _raft_default("log_compaction_min_time_s")
+    lease_tick_interval_s: float = _raft_default("lease_tick_interval_s")
+    proposals_in_flight_max: int = _raft_default("proposals_in_flight_max")
+    propose_timeout_s: float = _raft_default("propose_timeout_s")
 
 
 class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -15,7 +15,7 @@ from node.api.app import principal, read, services
 from node.api.auth import Permission
 from node.api.wire import field, read_body, reject_unknown, respond
 from xrcore import regions
-from xrcore.errors import ClusterUnavailable, InvalidArgument, NotFound, error_from_code
+from xrcore.errors import ClusterUnavailable, NotFound, error_from_code
 
 __all__ = ["routes"]
 
@@ -124,55 +124,39 @@ async def transfer_leader(request: web.Request) -> web.Response:
 
 
 async def _forward_to_leader(request: web.Request, body: dict[str, Any]) -> web.Response:
-    if request.headers.get("Xr-Forwarded"):
-        raise ClusterUnavailable("the leader changed while the request was forwarded; retry")
-    node = services(request)
-    leader = node.store.status()["leader"]
+    leader = services(request).store.status()["leader"]
     region = _regions_by_raft_address(request).get(leader or "")
     if region is None:
         raise ClusterUnavailable("no leader is known; retry when the cluster has elected one")
-    headers = {"Xr-Forwarded": "1"}
-    if "Authorization" in request.headers:
-        headers["Authorization"] = request.headers["Authorization"]
-    url = f"http://{region['http_address']}{request.path}"
-    try:
-        async with (
-            aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S)
-            ) as session,
-            session.post(url, json=body, headers=headers) as answer,
-        ):
-            document = await answer.json()
-            status = answer.status
-    except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-        raise ClusterUnavailable(
-            f"the leader ({region['name']}) could not be reached: {error}"
-        ) from None
-    if status >= 400 and isinstance(document, dict) and "error" in document:
-        info = document["error"]
-        raise error_from_code(str(info.get("code")), str(info.get("message")))
-    if not isinstance(document, dict):
-        raise InvalidArgument("the leader answered with something that is not an object")
-    return respond(request, document, status=status)
+    return await _forward(request, region["name"], region["http_address"], body=body)
 
 
 async def forward_to_region(request: web.Request, region_name: str) -> web.Response:
     """Answers a GET with what the named region's node answers (logs live on their region)."""
-    if request.headers.get("Xr-Forwarded"):
-        raise ClusterUnavailable("the request was already forwarded once; not forwarding again")
     region = services(request).store.replica.read(lambda machine: machine.regions.get(region_name))
     if region is None:
         raise NotFound(f"region {region_name!r} is not registered")
+    return await _forward(request, region_name, region.http_address)
+
+
+async def _forward(
+    request: web.Request, region_name: str, http_address: str, *, body: Any = None
+) -> web.Response:
+    """Sends the request (POST with `body`, or GET) to another node with the caller's
+    credentials, once: a request that was already forwarded is not forwarded again."""
+    if request.headers.get("Xr-Forwarded"):
+        raise ClusterUnavailable("the request was already forwarded once; retry")
     headers = {"Xr-Forwarded": "1"}
     if "Authorization" in request.headers:
         headers["Authorization"] = request.headers["Authorization"]
-    url = f"http://{region.http_address}{request.path_qs}"
+    url = f"http://{http_address}{request.path_qs}"
+    method = "GET" if body is None else "POST"
     try:
         async with (
             aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S)
             ) as session,
-            session.get(url, headers=headers) as answer,
+            session.request(method, url, json=body, headers=headers) as answer,
         ):
             document = await answer.json()
             status = answer.status
@@ -181,4 +165,6 @@ async def forward_to_region(request: web.Request, region_name: str) -> web.Respo
     if status >= 400 and isinstance(document, dict) and "error" in document:
         info = document["error"]
         raise error_from_code(str(info.get("code")), str(info.get("message")))
+    if not isinstance(document, dict):
+        raise ClusterUnavailable(f"region {region_name} answered with something not an object")
     return respond(request, document, status=status)

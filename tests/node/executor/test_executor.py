@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,25 +16,20 @@ import pytest
 
 from node.config import NodeConfig, load_config
 from node.daemon import Node
+from node.localcluster import free_ports
 
 pytestmark = pytest.mark.integration
 WAIT_S = 60.0
 JOBS = "tests.node.executor.fake_jobs"
 
 
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _config(tmp_path: Path, **settings: str) -> NodeConfig:
+    raft_port, http_port = free_ports(2)
     overrides = {
         "region.name": "solo",
         "region.cpu_slots": "4",
-        "raft.address": f"127.0.0.1:{_port()}",
-        "http.address": f"127.0.0.1:{_port()}",
+        "raft.address": f"127.0.0.1:{raft_port}",
+        "http.address": f"127.0.0.1:{http_port}",
         "data_dir": str(tmp_path),
         "executor.lease_ttl_s": "3",
         "executor.poll_interval_s": "0.1",
