@@ -28,7 +28,7 @@ from node.executor.inventory import detect as detect_inventory
 from node.executor.inventory import to_gpus
 from raftstore.store import RaftStore
 from xrcore.commands import RegionHeartbeat, RegionRegister
-from xrcore.errors import XrError
+from xrcore.errors import StaleSchedule, XrError
 from xrcore.placement import PlacementSettings, place
 
 __all__ = ["Node", "configure_logging", "run"]
@@ -143,24 +143,33 @@ class Node:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S if registered else 0.2)
 
     async def _place_tasks(self) -> None:
-        """On the leader: proposes where pending tasks go (`xrcore.placement`). Decisions are
-        computed from local state and checked again by the state machine when applied, so a
-        stale one (the task moved meanwhile) is refused there and recomputed next pass."""
+        """On the leader: runs the scheduling policy (`xrcore.placement`) every poll interval and
+        proposes its decisions as one pass. The pass carries the scheduling revision it was
+        computed from; if the state changed before it applied, it is refused as stale and
+        computed again at once from the newer state."""
         executor = self.config.executor
         settings = PlacementSettings(
             retry_backoff_base_ms=int(executor.retry_backoff_base_s * 1000),
             retry_backoff_max_ms=int(executor.retry_backoff_max_s * 1000),
         )
+        stale_retries_max = 3
         while True:
             await asyncio.sleep(executor.poll_interval_s)
-            if not self.store.is_leader:
-                continue
-            decisions = self.store.replica.read(lambda machine: place(machine, settings))
-            for decision in decisions:
+            for _ in range(stale_retries_max):
+                if not self.store.is_leader:
+                    break
+                decisions = self.store.replica.read(lambda machine: place(machine, settings))
+                if decisions is None:
+                    break
                 try:
-                    await self.store.propose(decision)
+                    applied = await self.store.propose(decisions)
                 except XrError as error:
-                    log.debug("placement %s not proposed: %s", decision, error)
+                    log.debug("scheduling pass not proposed: %s", error)
+                    break
+                refused = applied.result.error
+                if refused is None or refused.code != StaleSchedule.code:
+                    if refused is not None:
+                        log.warning("scheduling pass refused: %s", refused.message)
                     break
 
     async def _watch_leader(self) -> None:

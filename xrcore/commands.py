@@ -28,8 +28,11 @@ __all__ = [
     "LockAcquire",
     "LockRelease",
     "LockValidate",
+    "Placement",
+    "Preemption",
     "RegionHeartbeat",
     "RegionRegister",
+    "SchedulePass",
     "SessionGrant",
     "SessionKeepAlive",
     "SessionRevoke",
@@ -40,7 +43,9 @@ __all__ = [
     "TaskFail",
     "TaskHeartbeat",
     "TaskUnassign",
+    "TenantSet",
     "Tick",
+    "Waiting",
 ]
 
 ENTRYPOINT_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -352,6 +357,91 @@ class TaskUnassign(Command, frozen=True, tag="task.unassign"):
         _check_task(self.job_id, self.task_index)
 
 
+class Placement(WireStruct, frozen=True):
+    """One task to place in a region, and why there."""
+
+    job_id: str
+    task_index: int
+    region: str
+    reason: str = ""
+
+    def validate(self) -> None:
+        _check_task(self.job_id, self.task_index)
+        check_name("region", self.region)
+        check_text("reason", self.reason, limits.MESSAGE_BYTES_MAX)
+
+
+class Preemption(WireStruct, frozen=True):
+    """One running attempt to end so that a higher-priority task fits; the task is requeued."""
+
+    job_id: str
+    task_index: int
+    token: int
+    reason: str = ""
+
+    def validate(self) -> None:
+        _check_task(self.job_id, self.task_index)
+        _check_token(self.token)
+        check_text("reason", self.reason, limits.MESSAGE_BYTES_MAX)
+
+
+class Waiting(WireStruct, frozen=True):
+    """Why a task is not placed (or taken back), in words."""
+
+    job_id: str
+    task_index: int
+    reason: str
+
+    def validate(self) -> None:
+        _check_task(self.job_id, self.task_index)
+        check_text("reason", self.reason, limits.MESSAGE_BYTES_MAX)
+
+
+class SchedulePass(Command, frozen=True, tag="schedule.pass"):
+    """The decisions of one scheduling pass, applied together or not at all. `revision` is the
+    scheduling revision of the state they were computed from: if anything that scheduling reads
+    changed since (another leader's pass, a task that ended), the pass is refused as stale and
+    recomputed, so a leader change never duplicates or loses a placement."""
+
+    revision: int
+    assigns: tuple[Placement, ...] = ()
+    unassigns: tuple[Waiting, ...] = ()
+    preempts: tuple[Preemption, ...] = ()
+    waiting: tuple[Waiting, ...] = ()
+
+    def validate(self) -> None:
+        check_range("revision", self.revision, 0, 1 << 62)
+        total = len(self.assigns) + len(self.unassigns) + len(self.preempts) + len(self.waiting)
+        check_range("decisions", total, 0, limits.SCHEDULE_DECISIONS_MAX)
+
+
+class TenantSet(Command, frozen=True, tag="tenant.set"):
+    """A tenant's fair-share weight, quotas and how much it cares about price and carbon."""
+
+    name: str
+    weight: float = 1.0
+    gpus_max: int | None = None
+    tasks_max: int | None = None
+    cost_weight: float = 1.0
+    carbon_weight: float = 1.0
+
+    def validate(self) -> None:
+        check_name("name", self.name)
+        for field, value in (
+            ("weight", self.weight),
+            ("cost_weight", self.cost_weight),
+            ("carbon_weight", self.carbon_weight),
+        ):
+            if not 0 <= value <= 1_000:
+                raise InvalidArgument(f"{field} must be between 0 and 1000, got {value!r}")
+        if self.weight <= 0:
+            raise InvalidArgument(f"weight must be positive, got {self.weight!r}")
+        if self.gpus_max is not None:
+            check_range("gpus_max", self.gpus_max, 0, 1 << 20)
+        if self.tasks_max is not None:
+            check_range("tasks_max", self.tasks_max, 0, 1 << 20)
+
+
 class TaskClaim(Command, frozen=True, tag="task.claim"):
     """An executor starts an assigned task: creates an attempt with a fencing token and a lease."""
 
@@ -453,6 +543,8 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     TaskCheckpoint,
     TaskComplete,
     TaskFail,
+    SchedulePass,
+    TenantSet,
 )
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "Overloaded",
     "PayloadTooLarge",
     "RequestTooOld",
+    "StaleSchedule",
     "StaleToken",
     "Timeout",
     "Unauthenticated",
@@ -139,6 +140,14 @@ class StaleToken(XrError):
 
 class InvalidTransition(XrError):
     code = "job.invalid_transition"
+    http_status = 409
+    definite = True
+
+
+class StaleSchedule(XrError):
+    """A scheduling pass was computed from a state that has changed since; it is recomputed."""
+
+    code = "schedule.stale"
     http_status = 409
     definite = True
 

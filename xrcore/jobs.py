@@ -18,6 +18,7 @@ from xrcore._validate import check_page_limit
 from xrcore.commands import (
     JobCancel,
     JobSubmit,
+    SchedulePass,
     TaskAssign,
     TaskCheckpoint,
     TaskClaim,
@@ -32,9 +33,10 @@ from xrcore.errors import (
     InvalidArgument,
     InvalidTransition,
     NotFound,
+    StaleSchedule,
     StaleToken,
 )
-from xrcore.model import Attempt, Checkpoint, Effect, Job, Task, TaskState
+from xrcore.model import Attempt, Checkpoint, DurationStats, Effect, Job, Task, TaskState
 
 if TYPE_CHECKING:
     from xrcore.state import StateMachine
@@ -54,6 +56,7 @@ __all__ = [
     "heartbeat",
     "list_",
     "live_deadlines",
+    "schedule_pass",
     "submit",
     "unassign",
 ]
@@ -67,6 +70,7 @@ class Event(StrEnum):
     RETRY = "retry"
     FAIL = "fail"
     LEASE_LOST = "lease_lost"
+    PREEMPT = "preempt"
     CANCEL = "cancel"
 
 
@@ -82,6 +86,7 @@ TRANSITIONS: dict[tuple[TaskState, Event], TaskState] = {
     (R, Event.RETRY): P,
     (R, Event.FAIL): F,
     (R, Event.LEASE_LOST): P,
+    (R, Event.PREEMPT): P,
     (P, Event.CANCEL): C,
     (A, Event.CANCEL): C,
     (R, Event.CANCEL): C,
@@ -103,6 +108,7 @@ def _move(machine: StateMachine, task: Task, target: TaskState) -> None:
         task.region = None
     task.state = target
     task.updated_at_ms = machine.now_ms
+    machine.schedule_revision += 1
 
 
 def _job(machine: StateMachine, job_id: str) -> Job:
@@ -173,6 +179,7 @@ def submit(machine: StateMachine, command: JobSubmit, index: int) -> dict[str, A
         job_id=job_id, spec=spec, submitted_at_ms=machine.now_ms, tasks=tasks
     )
     machine.tasks_active += spec.array_size
+    machine.schedule_revision += 1
     return {"job_id": job_id, "tasks": spec.array_size}
 
 
@@ -284,6 +291,7 @@ def complete(machine: StateMachine, command: TaskComplete, index: int) -> dict[s
     _end_attempt(machine, command.job_id, task, "succeeded")
     task.result = command.result
     _move(machine, task, target)
+    _record_duration(machine, machine.jobs[command.job_id], task)
     return {"job_id": command.job_id, "task_index": task.index, "state": task.state.value}
 
 
@@ -329,6 +337,96 @@ def expire_attempt(
     _move(machine, task, target)
 
 
+def duration_key(job: Job) -> str:
+    """Run times are learned per tenant and entrypoint (or built-in workload)."""
+    return f"{job.spec.tenant}/{job.spec.entrypoint or job.spec.workload}"
+
+
+def region_speed(machine: StateMachine, region: str) -> float:
+    """A region's relative device speed, from its `speed` label (1.0 when absent or invalid)."""
+    record = machine.regions.get(region)
+    text = "" if record is None else record.labels.get("speed", "")
+    try:
+        speed = float(text)
+    except ValueError:
+        return 1.0
+    return speed if 0.01 <= speed <= 100 else 1.0
+
+
+def _record_duration(machine: StateMachine, job: Job, task: Task) -> None:
+    """Adds a completed task's run time (all its attempts, normalized by each region's speed) to
+    its tenant and entrypoint's statistics."""
+    run_ms = 0
+    for attempt in task.attempts:
+        ended = attempt.ended_at_ms if attempt.ended_at_ms is not None else machine.now_ms
+        run_ms += int(max(ended - attempt.started_at_ms, 0) * region_speed(machine, attempt.region))
+    key = duration_key(job)
+    stats = machine.durations.pop(key, None)
+    if stats is None:
+        stats = DurationStats(count=1, mean_ms=run_ms, deviation_ms=run_ms // 2)
+        if len(machine.durations) >= machine.limits.durations_max:
+            del machine.durations[next(iter(machine.durations))]
+    else:
+        stats.count += 1
+        stats.mean_ms += (run_ms - stats.mean_ms) // 4
+        stats.deviation_ms += (abs(run_ms - stats.mean_ms) - stats.deviation_ms) // 4
+    # Re-inserted last: the table drops the least recently updated first.
+    machine.durations[key] = stats
+
+
+def schedule_pass(machine: StateMachine, command: SchedulePass, index: int) -> dict[str, Any]:
+    """Applies one scheduling pass's decisions together, if computed from the current revision."""
+    if command.revision != machine.schedule_revision:
+        raise StaleSchedule(
+            f"pass computed at scheduling revision {command.revision}; it is now "
+            f"{machine.schedule_revision}"
+        )
+    seen: set[tuple[str, int]] = set()
+    moves: list[tuple[Task, TaskState, str, str | None]] = []
+    for placement in command.assigns:
+        job, task = _task(machine, placement.job_id, placement.task_index)
+        if placement.region not in machine.regions:
+            raise NotFound(f"region {placement.region!r} is not registered")
+        if not job.spec.allows(placement.region):
+            raise InvalidArgument(f"job {job.job_id!r} does not allow region {placement.region!r}")
+        moves.append((task, _check_move(task, Event.ASSIGN), placement.reason, placement.region))
+    for taken in command.unassigns:
+        _, task = _task(machine, taken.job_id, taken.task_index)
+        moves.append((task, _check_move(task, Event.UNASSIGN), taken.reason, None))
+    ended: list[tuple[str, Task]] = []
+    for preemption in command.preempts:
+        task, _ = _live(machine, preemption.job_id, preemption.task_index, preemption.token)
+        moves.append((task, _check_move(task, Event.PREEMPT), preemption.reason, None))
+        ended.append((preemption.job_id, task))
+    refs = [(item.job_id, item.task_index) for item in command.assigns]
+    refs += [(item.job_id, item.task_index) for item in command.unassigns]
+    refs += [(item.job_id, item.task_index) for item in command.preempts]
+    for key in refs:
+        if key in seen:
+            raise InvalidArgument(f"task {key[0]}[{key[1]}] is decided twice")
+        seen.add(key)
+    waiting = []
+    for note in command.waiting:
+        _, task = _task(machine, note.job_id, note.task_index)
+        waiting.append((task, note.reason))
+    # Everything checked: apply.
+    for job_id, task in ended:
+        _end_attempt(machine, job_id, task, "preempted")
+    for task, target, reason, region in moves:
+        _move(machine, task, target)
+        task.region = region
+        task.reason = reason
+    for task, reason in waiting:
+        if task.state is TaskState.PENDING:
+            task.reason = reason
+    return {
+        "assigned": len(command.assigns),
+        "unassigned": len(command.unassigns),
+        "preempted": len(command.preempts),
+        "schedule_revision": machine.schedule_revision,
+    }
+
+
 def live_deadlines(machine: StateMachine) -> list[tuple[int, str, int, int]]:
     return [
         (attempt.deadline_ms, job.job_id, task.index, attempt.token)
@@ -366,6 +464,7 @@ def _task_view(task: Task) -> dict[str, Any]:
         "checkpoint": None if task.checkpoint is None else _checkpoint_view(task.checkpoint),
         "result": task.result,
         "error": task.error,
+        "reason": task.reason,
         "attempts": [
             {
                 "number": attempt.number,

@@ -31,6 +31,7 @@ __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "RANGE_LIMIT_MAX",
+    "SCHEDULE_DECISIONS_MAX",
     "SESSION_TTL_MAX_MS",
     "SESSION_TTL_MIN_MS",
     "URI_BYTES_MAX",
@@ -61,6 +62,8 @@ PRIORITY_MAX = 1_000
 GPUS_PER_TASK_MAX = 64
 GPUS_PER_REGION_MAX = 1_024
 METRICS_PER_UPDATE_MAX = 32
+# Decisions and waiting reasons in one scheduling pass.
+SCHEDULE_DECISIONS_MAX = 1_024
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -91,6 +94,9 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     clients_max: int = 10_000
     results_per_client_max: int = 32
     client_idle_ms: int = 3_600_000
+    tenants_max: int = 1_000
+    # Run-time statistics per tenant and entrypoint, least recently updated dropped first.
+    durations_max: int = 1_024
 
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:

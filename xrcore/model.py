@@ -20,6 +20,7 @@ __all__ = [
     "Attempt",
     "Checkpoint",
     "ClientRecord",
+    "DurationStats",
     "Effect",
     "ErrorInfo",
     "Job",
@@ -32,6 +33,7 @@ __all__ = [
     "Snapshot",
     "Task",
     "TaskState",
+    "Tenant",
 ]
 
 
@@ -120,6 +122,8 @@ class Task(msgspec.Struct, kw_only=True):
     result: str | None = None
     error: str | None = None
     updated_at_ms: int = 0
+    # Why the task is where it is, or why it still waits (set by scheduling passes).
+    reason: str = ""
 
     def live_attempt(self) -> Attempt | None:
         if self.state is TaskState.RUNNING:
@@ -161,6 +165,27 @@ class Region(msgspec.Struct, kw_only=True):
     rtt_ms: dict[str, float] = {}
     heartbeat_at_ms: int | None = None  # wall time, for display
     heartbeat_lease_ms: int | None = None  # lease clock, for health
+
+
+class Tenant(msgspec.Struct, kw_only=True):
+    """Scheduling settings of one tenant: fair-share weight, quotas, price and carbon weights."""
+
+    name: str
+    weight: float = 1.0
+    gpus_max: int | None = None
+    tasks_max: int | None = None
+    cost_weight: float = 1.0
+    carbon_weight: float = 1.0
+
+
+class DurationStats(msgspec.Struct, kw_only=True):
+    """Run times of completed tasks of one tenant and entrypoint, normalized to a speed-1.0
+    device: an integer moving average and mean deviation (weight 1/4), so every replica computes
+    the same estimate."""
+
+    count: int
+    mean_ms: int
+    deviation_ms: int
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -226,3 +251,6 @@ class Snapshot(msgspec.Struct, kw_only=True):
     tasks_active: int
     regions: dict[str, Region]
     clients: dict[str, ClientRecord]
+    tenants: dict[str, Tenant] = {}
+    durations: dict[str, DurationStats] = {}
+    schedule_revision: int = 0

@@ -1,38 +1,51 @@
-"""Where pending tasks go: the first placement policy, a pure function of the replicated state.
+"""The scheduling policy in the running cluster: the replicated state as the policy's view, and the
+policy's decisions as one `SchedulePass` command.
 
-Rules (the scheduling issue replaces this module with a richer policy):
-- A task can go to a region that is healthy (recent heartbeat on the lease clock), that its job
-  allows (allow and deny lists), and that has room: a region with GPUs gives a GPU task that many
-  whole free devices of the requested model and memory, a task asking only for GPU memory a share
-  of one device (`xrcore.devices`: packed best fit), and a CPU task one of its CPU slots; a
-  region without GPUs (CPU mode) runs any task in one of its CPU slots, so every feature works
-  on a machine without accelerators.
-- Among those, regions the job prefers come first, then the least loaded (the fraction of its
-  devices or slots in use), then the name, so the choice is deterministic.
-- Tasks are taken in order of job priority (highest first), then submission.
-- A task that failed waits out a backoff before it is placed again: base * 2^(failures - 1),
-  at most max, on replicated time since its last update.
-- A task whose last attempt lost its lease does not go back to that region while another region
-  fits: the region most likely died, and its heartbeats take longer to go stale (10 s) than an
-  attempt's lease (`executor.lease_ttl_s`), so it still looks healthy for a while.
-- A task assigned to a region that became unhealthy before claiming it is taken back.
-At most `decisions_max` decisions per call, so one pass is bounded however long the queue.
+The leader calls `place` on its local replica; the pass carries the scheduling revision it was
+computed from, and the state machine refuses it if anything scheduling reads has changed since
+(`jobs.schedule_pass`), so two leaders' passes can never both apply. The policy itself is
+`xrcore.scheduler`; this module only translates:
+- regions: health from heartbeats on the lease clock, devices from the last heartbeat, the
+  `speed` label as relative device speed (1.0 when absent), prices, carbon and round-trip times
+  as registered and measured;
+- tasks: running and assigned tasks hold their room; a pending task that failed is not eligible
+  until its backoff (base * 2^(failures - 1), at most max, on replicated time) has passed; a task
+  whose last attempt lost its lease avoids that region while another fits (the region most likely
+  died, and its heartbeats take longer to go stale than an attempt's lease); the latest
+  checkpoint's region and size, and the input's, are what placing elsewhere has to move;
+- run-time estimates from `machine.durations` (per tenant and entrypoint), or the policy's
+  conservative default.
+Waiting reasons are sent only when they changed, so a stable queue writes nothing to the log.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from xrcore import regions
-from xrcore.commands import Command, TaskAssign, TaskUnassign
-from xrcore.devices import DeviceLedger
-from xrcore.model import Job, Region, Task, TaskState
+from xrcore._clocktext import utc_text
+from xrcore.commands import Placement, Preemption, SchedulePass, Waiting
+from xrcore.jobs import duration_key, region_speed
+from xrcore.limits import MESSAGE_BYTES_MAX, SCHEDULE_DECISIONS_MAX
+from xrcore.model import Job, Task, TaskState
+from xrcore.scheduler import (
+    Cluster,
+    GpuInfo,
+    RegionInfo,
+    SchedulerSettings,
+    TaskInfo,
+    TenantInfo,
+    estimate_ms,
+    schedule,
+)
 
 if TYPE_CHECKING:
     from xrcore.state import StateMachine
 
-__all__ = ["PlacementSettings", "place"]
+__all__ = ["PlacementSettings", "cluster_view", "place"]
+
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,130 +53,164 @@ class PlacementSettings:
     retry_backoff_base_ms: int = 1_000
     retry_backoff_max_ms: int = 60_000
     decisions_max: int = 256
+    policy: SchedulerSettings = field(default_factory=SchedulerSettings)
 
 
-def _uses_gpu(job: Job, region: Region) -> bool:
-    """Whether the task takes GPU devices (whole or shared) in this region, or a CPU slot."""
-    spec = job.spec
-    return bool(region.gpus) and (spec.gpus > 0 or spec.gpu_memory_mb > 0)
+def _time_text(time_ms: int) -> str:
+    return utc_text(time_ms, seconds=True)
 
 
-@dataclass
-class _Room:
-    """What a region has free in this pass, updated as tasks are placed."""
-
-    region: Region
-    ledger: DeviceLedger
-    free_slots: int
-    capacity: int
-    # Tasks counted against the region that no longer fit it (it shrank): they load it fully.
-    overflow: int = 0
-
-    @property
-    def load(self) -> float:
-        used = self.ledger.used + self.region.cpu_slots - self.free_slots + self.overflow
-        return used / self.capacity if self.capacity else 1.0
-
-
-def _rooms(machine: StateMachine) -> dict[str, _Room]:
-    rooms: dict[str, _Room] = {}
-    for name in sorted(machine.regions):
-        region = machine.regions[name]
-        if not regions.healthy(machine, region):
-            continue
-        rooms[name] = _Room(
-            region=region,
-            ledger=DeviceLedger(
-                memory_mb=[gpu.memory_mb for gpu in region.gpus],
-                models=[gpu.model for gpu in region.gpus],
-            ),
-            free_slots=region.cpu_slots,
-            capacity=len(region.gpus) + region.cpu_slots,
-        )
-    for job in machine.jobs.values():
-        for task in job.tasks:
-            if task.state in (TaskState.ASSIGNED, TaskState.RUNNING) and task.region in rooms:
-                room = rooms[task.region]
-                if not _take(room, job, commit=True):
-                    room.overflow += 1
-    return rooms
-
-
-def _take(room: _Room, job: Job, *, commit: bool) -> bool:
-    """Whether `job`'s task fits in `room`; with `commit`, takes what it needs."""
-    spec = job.spec
-    if _uses_gpu(job, room.region):
-        ledger = room.ledger
-        if not commit:
-            ledger = DeviceLedger(
-                memory_mb=ledger.memory_mb,
-                models=ledger.models,
-                whole=set(ledger.whole),
-                shared_mb=dict(ledger.shared_mb),
-            )
-        grant = ledger.reserve(gpus=spec.gpus, memory_mb=spec.gpu_memory_mb, model=spec.gpu_model)
-        return grant is not None
-    if room.free_slots < 1:
-        return False
-    if commit:
-        room.free_slots -= 1
-    return True
-
-
-def _backing_off(machine: StateMachine, task: Task, settings: PlacementSettings) -> bool:
+def _backoff_until_ms(task: Task, settings: PlacementSettings) -> int | None:
     if task.failures == 0:
-        return False
+        return None
     doublings: int = min(task.failures - 1, 30)
     delay_ms = min(settings.retry_backoff_max_ms, settings.retry_backoff_base_ms << doublings)
-    return bool(machine.now_ms < task.updated_at_ms + delay_ms)
+    return task.updated_at_ms + delay_ms
 
 
-def _choose(job: Job, task: Task, rooms: dict[str, _Room]) -> _Room | None:
-    candidates = [
-        room
-        for name, room in rooms.items()
-        if job.spec.allows(name) and _take(room, job, commit=False)
-    ]
-    lost = task.attempts[-1] if task.attempts else None
-    if lost is not None and lost.outcome == "lease_expired":
-        elsewhere = [room for room in candidates if room.region.name != lost.region]
-        candidates = elsewhere or candidates
-    if not candidates:
+def _task_info(
+    machine: StateMachine, job: Job, task: Task, settings: PlacementSettings
+) -> TaskInfo | None:
+    spec = job.spec
+    if task.state.terminal:
         return None
-    preferred = set(job.spec.regions_prefer)
-    candidates.sort(
-        key=lambda room: (room.region.name not in preferred, room.load, room.region.name)
+    stats = machine.durations.get(duration_key(job))
+    estimate = (
+        settings.policy.default_estimate_ms
+        if stats is None
+        else estimate_ms(
+            stats.count,
+            stats.mean_ms,
+            stats.deviation_ms,
+            default_ms=settings.policy.default_estimate_ms,
+        )
     )
-    return candidates[0]
+    last = task.attempts[-1] if task.attempts else None
+    checkpoint_region = None
+    checkpoint_size_mb = 0
+    if task.checkpoint is not None:
+        checkpoint_size_mb = -(-task.checkpoint.size_bytes // MIB)
+        checkpoint_region = next(
+            (a.region for a in task.attempts if a.token == task.checkpoint.token), None
+        )
+    eligible, waiting = True, ""
+    if task.state is TaskState.PENDING:
+        until_ms = _backoff_until_ms(task, settings)
+        if until_ms is not None and machine.now_ms < until_ms:
+            eligible = False
+            waiting = f"backing off after {task.failures} failure(s) until {_time_text(until_ms)}"
+    live = task.live_attempt()
+    return TaskInfo(
+        job_id=job.job_id,
+        task_index=task.index,
+        tenant=spec.tenant,
+        priority=spec.priority,
+        state=task.state.value,
+        region=task.region,
+        gpus=spec.gpus,
+        gpu_memory_mb=spec.gpu_memory_mb,
+        gpu_model=spec.gpu_model,
+        regions_allow=spec.regions_allow,
+        regions_deny=spec.regions_deny,
+        regions_prefer=spec.regions_prefer,
+        input_size_mb=spec.input_size_mb,
+        input_region=spec.input_region,
+        checkpoint_size_mb=checkpoint_size_mb,
+        checkpoint_region=checkpoint_region,
+        submitted_ms=job.submitted_at_ms,
+        estimate_ms=estimate,
+        started_ms=None if live is None else live.started_at_ms,
+        checkpointed_ms=None if task.checkpoint is None else task.checkpoint.committed_at_ms,
+        token=None if live is None else live.token,
+        eligible=eligible,
+        waiting=waiting,
+        avoid_region=(
+            last.region if last is not None and last.outcome == "lease_expired" else None
+        ),
+    )
 
 
-def place(machine: StateMachine, settings: PlacementSettings | None = None) -> list[Command]:
-    """The assignments (and take-backs) to propose now, at most `settings.decisions_max`."""
+def cluster_view(machine: StateMachine, settings: PlacementSettings) -> Cluster:
+    """The replicated state as the scheduling policy sees it."""
+    region_views = tuple(
+        RegionInfo(
+            name=region.name,
+            healthy=regions.healthy(machine, region),
+            gpus=tuple(GpuInfo(model=gpu.model, memory_mb=gpu.memory_mb) for gpu in region.gpus),
+            cpu_slots=region.cpu_slots,
+            price_per_gpu_hour=region.price_per_gpu_hour,
+            carbon_g_per_kwh=region.carbon_g_per_kwh,
+            speed=region_speed(machine, region.name),
+            rtt_ms=dict(region.rtt_ms),
+        )
+        for region in machine.regions.values()
+    )
+    tasks = tuple(
+        info
+        for job in machine.jobs.values()
+        for task in job.tasks
+        if (info := _task_info(machine, job, task, settings)) is not None
+    )
+    tenants = {
+        name: TenantInfo(
+            name=name,
+            weight=tenant.weight,
+            gpus_max=tenant.gpus_max,
+            tasks_max=tenant.tasks_max,
+            cost_weight=tenant.cost_weight,
+            carbon_weight=tenant.carbon_weight,
+        )
+        for name, tenant in machine.tenants.items()
+    }
+    return Cluster(now_ms=machine.now_ms, regions=region_views, tasks=tasks, tenants=tenants)
+
+
+def _clip(reason: str) -> str:
+    data = reason.encode()
+    if len(data) <= MESSAGE_BYTES_MAX:
+        return reason
+    return data[: MESSAGE_BYTES_MAX - 3].decode(errors="ignore") + "..."
+
+
+def place(machine: StateMachine, settings: PlacementSettings | None = None) -> SchedulePass | None:
+    """One scheduling pass as a command, or None when it would change nothing."""
     settings = settings or PlacementSettings()
-    rooms = _rooms(machine)
-    decisions: list[Command] = []
-    for job in machine.jobs.values():
-        for task in job.tasks:
-            if task.state is TaskState.ASSIGNED and task.region not in rooms:
-                decisions.append(TaskUnassign(job_id=job.job_id, task_index=task.index))
-    # Highest priority first, then submission order (the table keeps it).
-    waiting = [
-        (-job.spec.priority, position, job)
-        for position, job in enumerate(machine.jobs.values())
-        if any(task.state is TaskState.PENDING for task in job.tasks)
-    ]
-    waiting.sort(key=lambda item: (item[0], item[1]))
-    for _, _, job in waiting:
-        for task in job.tasks:
-            if len(decisions) >= settings.decisions_max:
-                return decisions
-            if task.state is not TaskState.PENDING or _backing_off(machine, task, settings):
-                continue
-            room = _choose(job, task, rooms)
-            if room is None:
-                continue
-            _take(room, job, commit=True)
-            decisions.append(
-                TaskAssign(job_id=job.job_id, task_index=task.index, region=room.region.name)
+    decisions_max = min(settings.decisions_max, SCHEDULE_DECISIONS_MAX // 2)
+    policy = replace(
+        settings.policy,
+        decisions_max=decisions_max,
+        reasons_max=SCHEDULE_DECISIONS_MAX - decisions_max,
+    )
+    decisions = schedule(cluster_view(machine, settings), policy)
+    waiting = []
+    for (job_id, task_index), reason in decisions.waiting.items():
+        if machine.jobs[job_id].tasks[task_index].reason != _clip(reason):
+            waiting.append(Waiting(job_id=job_id, task_index=task_index, reason=_clip(reason)))
+    if not len(decisions) and not waiting:
+        return None
+    return SchedulePass(
+        revision=machine.schedule_revision,
+        assigns=tuple(
+            Placement(
+                job_id=item.job_id,
+                task_index=item.task_index,
+                region=item.region,
+                reason=_clip(item.reason),
             )
-    return decisions[: settings.decisions_max]
+            for item in decisions.assigns
+        ),
+        unassigns=tuple(
+            Waiting(job_id=item.job_id, task_index=item.task_index, reason=_clip(item.reason))
+            for item in decisions.unassigns
+        ),
+        preempts=tuple(
+            Preemption(
+                job_id=item.job_id,
+                task_index=item.task_index,
+                token=item.token,
+                reason=_clip(item.reason),
+            )
+            for item in decisions.preempts
+        ),
+        waiting=tuple(waiting),
+    )

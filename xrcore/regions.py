@@ -41,6 +41,7 @@ def register(machine: StateMachine, command: RegionRegister, index: int) -> dict
         region.heartbeat_at_ms = existing.heartbeat_at_ms
         region.heartbeat_lease_ms = existing.heartbeat_lease_ms
     machine.regions[command.name] = region
+    machine.schedule_revision += 1
     return {"name": command.name, "created": existing is None}
 
 
@@ -48,6 +49,9 @@ def heartbeat(machine: StateMachine, command: RegionHeartbeat, index: int) -> di
     region = machine.regions.get(command.name)
     if region is None:
         raise NotFound(f"region {command.name!r} is not registered")
+    if region.gpus != list(command.gpus) or region.heartbeat_lease_ms is None:
+        # New inventory (or the first heartbeat): scheduling sees a changed region.
+        machine.schedule_revision += 1
     region.gpus = list(command.gpus)
     region.rtt_ms = dict(command.rtt_ms)
     region.heartbeat_at_ms = machine.now_ms

@@ -25,10 +25,18 @@ from typing import Any
 
 import msgspec
 
-from xrcore import codec, commands, jobs, kv, locks, regions, sessions
+from xrcore import codec, commands, jobs, kv, locks, regions, sessions, tenants
 from xrcore.errors import CapacityExceeded, RequestTooOld, XrError
 from xrcore.limits import DEFAULT_LIMITS, Limits
-from xrcore.model import ClientRecord, Effect, ErrorInfo, KvEvent, Result, Snapshot
+from xrcore.model import (
+    ClientRecord,
+    DurationStats,
+    Effect,
+    ErrorInfo,
+    KvEvent,
+    Result,
+    Snapshot,
+)
 
 __all__ = ["Applied", "StateMachine"]
 
@@ -55,6 +63,8 @@ HANDLERS: dict[type[commands.Command], Handler] = {
     commands.TaskCheckpoint: jobs.checkpoint,
     commands.TaskComplete: jobs.complete,
     commands.TaskFail: jobs.fail,
+    commands.SchedulePass: jobs.schedule_pass,
+    commands.TenantSet: tenants.set_,
 }
 assert set(HANDLERS) == set(commands.COMMAND_TYPES), "every command type needs one handler"
 
@@ -91,6 +101,11 @@ class StateMachine:
         self.jobs: dict[str, jobs.Job] = {}
         self.tasks_active = 0
         self.regions: dict[str, regions.Region] = {}
+        # Scheduling: tenants' settings, learned run times, and the revision that every change
+        # scheduling reads bumps (a pass computed from an older revision is refused).
+        self.tenants: dict[str, tenants.Tenant] = {}
+        self.durations: dict[str, DurationStats] = {}
+        self.schedule_revision = 0
         # Exactly-once table, least recently used first.
         self.clients: dict[str, ClientRecord] = {}
         # Derived indexes (not in snapshots): deadlines to expire, lazily pruned.
@@ -254,6 +269,9 @@ class StateMachine:
                 tasks_active=self.tasks_active,
                 regions=self.regions,
                 clients=self.clients,
+                tenants=self.tenants,
+                durations=self.durations,
+                schedule_revision=self.schedule_revision,
             )
         )
 
@@ -275,6 +293,9 @@ class StateMachine:
         machine.tasks_active = snapshot.tasks_active
         machine.regions = snapshot.regions
         machine.clients = snapshot.clients
+        machine.tenants = snapshot.tenants
+        machine.durations = snapshot.durations
+        machine.schedule_revision = snapshot.schedule_revision
         machine.session_deadlines = [
             (s.deadline_ms, s.session_id) for s in snapshot.sessions.values()
         ]

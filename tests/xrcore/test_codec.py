@@ -57,8 +57,11 @@ from xrcore.commands import (
     LockAcquire,
     LockRelease,
     LockValidate,
+    Placement,
+    Preemption,
     RegionHeartbeat,
     RegionRegister,
+    SchedulePass,
     SessionGrant,
     SessionKeepAlive,
     SessionRevoke,
@@ -69,7 +72,9 @@ from xrcore.commands import (
     TaskFail,
     TaskHeartbeat,
     TaskUnassign,
+    TenantSet,
     Tick,
+    Waiting,
     tag_of,
 )
 from xrcore.errors import CodecError, InvalidArgument, PayloadTooLarge, UnsupportedVersion, XrError
@@ -182,6 +187,18 @@ EXAMPLES: dict[str, Envelope] = {
     "job.cancel": _envelope(JobCancel(job_id=JOB_ID, reason="superseded"), seq=9),
     "task.assign": _envelope(TaskAssign(job_id=JOB_ID, task_index=1, region=REGION)),
     "task.unassign": _envelope(TaskUnassign(job_id=JOB_ID, task_index=1)),
+    "schedule.pass": _envelope(
+        SchedulePass(
+            revision=41,
+            assigns=(Placement(job_id=JOB_ID, task_index=0, region="eu", reason="fastest"),),
+            unassigns=(Waiting(job_id=JOB_ID, task_index=1, reason="region died"),),
+            preempts=(Preemption(job_id=JOB_ID, task_index=2, token=9, reason="priority"),),
+            waiting=(Waiting(job_id=JOB_ID, task_index=3, reason="no room"),),
+        )
+    ),
+    "tenant.set": _envelope(
+        TenantSet(name="acme", weight=2.0, gpus_max=16, cost_weight=0.5, carbon_weight=2.0)
+    ),
     "task.claim": _envelope(
         TaskClaim(
             job_id=JOB_ID,

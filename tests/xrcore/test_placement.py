@@ -1,21 +1,23 @@
-"""The first placement policy: feasible, healthy, allowed, least loaded, by priority, with retry
-backoff, and taking back tasks stranded on a region that died before claiming them."""
+"""The policy in the replicated state: feasible, healthy, allowed, spread by load, by priority,
+with retry backoff, taking back tasks stranded on a region that died before claiming them, and
+applied as one pass that a changed state refuses."""
 
 from __future__ import annotations
 
 from tests.xrcore.helpers import Driver
 from xrcore.commands import (
     Gpu,
+    JobCancel,
     JobSpec,
     JobSubmit,
     RegionHeartbeat,
     RegionRegister,
-    TaskAssign,
+    SchedulePass,
     TaskClaim,
     TaskFail,
-    TaskUnassign,
     Tick,
 )
+from xrcore.errors import StaleSchedule
 from xrcore.placement import PlacementSettings, place
 
 
@@ -39,12 +41,16 @@ def _submit(driver: Driver, name: str, **spec: object) -> str:
 
 
 def _apply_all(driver: Driver) -> list[tuple[str, int, str]]:
-    placed = []
-    for decision in place(driver.machine):
-        assert isinstance(decision, TaskAssign)
-        driver.ok(decision)
-        placed.append((decision.job_id, decision.task_index, decision.region))
-    return placed
+    decisions = place(driver.machine)
+    if decisions is None:
+        return []
+    driver.ok(decisions)
+    return [(item.job_id, item.task_index, item.region) for item in decisions.assigns]
+
+
+def _assigned(decisions: SchedulePass | None) -> list[tuple[str, int, str]]:
+    assert decisions is not None
+    return [(item.job_id, item.task_index, item.region) for item in decisions.assigns]
 
 
 def test_tasks_spread_to_the_least_loaded_healthy_regions() -> None:
@@ -58,8 +64,17 @@ def test_tasks_spread_to_the_least_loaded_healthy_regions() -> None:
     assert regions[:3] == ["a", "b", "c"]
     assert all(job == job_id for job, _, _ in placed)
     # Every slot is taken: nothing more fits until a task ends.
-    _submit(driver, "waits")
-    assert place(driver.machine) == []
+    waits = _submit(driver, "waits")
+    # Nothing to place; the pass only records why the new task waits.
+    decisions = place(driver.machine)
+    assert decisions is not None and not decisions.assigns
+    assert [item.job_id for item in decisions.waiting] == [waits]
+    # The first task that fits nowhere reserves the region where a slot frees first.
+    assert decisions.waiting[0].reason.startswith("head of the queue: reserved a")
+    driver.ok(decisions)
+    assert driver.machine.jobs[waits].tasks[0].reason == decisions.waiting[0].reason
+    # The reason is recorded: the next pass writes nothing.
+    assert place(driver.machine) is None
 
 
 def test_allow_deny_and_prefer_are_honoured() -> None:
@@ -102,11 +117,14 @@ def test_a_failed_task_waits_out_its_backoff_before_it_is_placed_again() -> None
     )["token"]
     driver.ok(TaskFail(job_id=job_id, task_index=0, token=token, error="boom"))
     settings = PlacementSettings(retry_backoff_base_ms=2_000)
-    assert place(driver.machine, settings) == []
+    waiting = place(driver.machine, settings)
+    assert waiting is not None and not waiting.assigns
+    driver.ok(waiting)
+    assert driver.machine.jobs[job_id].tasks[0].reason.startswith("backing off after 1 failure")
     driver.ok(Tick(), advance_ms=1_000)
-    assert place(driver.machine, settings) == []
+    assert place(driver.machine, settings) is None
     driver.ok(Tick(), advance_ms=1_000)
-    assert place(driver.machine, settings) == [TaskAssign(job_id=job_id, task_index=0, region="a")]
+    assert _assigned(place(driver.machine, settings)) == [(job_id, 0, "a")]
 
 
 def test_a_task_assigned_to_a_region_that_died_before_claiming_it_is_taken_back() -> None:
@@ -120,8 +138,9 @@ def test_a_task_assigned_to_a_region_that_died_before_claiming_it_is_taken_back(
         driver.ok(Tick(), advance_ms=1_000)
         driver.ok(RegionHeartbeat(name="b"))
     decisions = place(driver.machine)
-    assert decisions[0] == TaskUnassign(job_id=job_id, task_index=0)
-    driver.ok(decisions[0])
+    assert decisions is not None
+    assert [(item.job_id, item.task_index) for item in decisions.unassigns] == [(job_id, 0)]
+    driver.ok(decisions)
     assert _apply_all(driver) == [(job_id, 0, "b")]
 
 
@@ -129,7 +148,8 @@ def test_one_pass_makes_at_most_decisions_max_decisions() -> None:
     driver = Driver()
     _region(driver, "a", slots=100)
     _submit(driver, "many", array_size=50)
-    assert len(place(driver.machine, PlacementSettings(decisions_max=7))) == 7
+    decisions = place(driver.machine, PlacementSettings(decisions_max=7))
+    assert decisions is not None and len(decisions.assigns) == 7
 
 
 def test_a_task_whose_lease_expired_goes_to_another_region_while_one_fits() -> None:
@@ -158,3 +178,43 @@ def test_tasks_asking_for_gpu_memory_share_one_device() -> None:
     placed = _apply_all(driver)
     assert [region for _, _, region in placed] == ["gpu", "gpu", "gpu"]
     assert whole not in [job for job, _, _ in placed]
+
+
+def test_a_pass_computed_before_a_change_is_refused_as_stale() -> None:
+    driver = Driver()
+    _region(driver, "a")
+    first = _submit(driver, "first")
+    decisions = place(driver.machine)
+    assert decisions is not None
+    # Another pass (say, by a leader that has since lost office) lands first.
+    driver.ok(JobCancel(job_id=first))
+    assert driver.error(decisions) == StaleSchedule.code
+    assert driver.machine.jobs[first].tasks[0].state.value == "cancelled"
+    # Recomputed from the new state, nothing is left to place.
+    assert place(driver.machine) is None
+
+
+def test_the_same_pass_applied_twice_places_each_task_once() -> None:
+    driver = Driver()
+    _region(driver, "a")
+    _region(driver, "b")
+    job_id = _submit(driver, "array", array_size=2)
+    decisions = place(driver.machine)
+    assert decisions is not None
+    driver.ok(decisions)
+    # A retried proposal of the same pass (new leader, same decisions) is stale, not repeated.
+    assert driver.error(decisions) == StaleSchedule.code
+    assert [task.state.value for task in driver.machine.jobs[job_id].tasks] == [
+        "assigned",
+        "assigned",
+    ]
+
+
+def test_times_in_reasons_are_written_as_utc_like_datetime_would() -> None:
+    from datetime import UTC, datetime
+
+    from xrcore._clocktext import utc_text
+
+    for time_ms in (0, 951_782_400_000, 1_700_000_000_123, 4_102_444_799_000, 86_399_999):
+        expected = datetime.fromtimestamp(time_ms / 1000, tz=UTC)
+        assert utc_text(time_ms, seconds=True) == expected.strftime("%Y-%m-%d %H:%M:%S UTC")

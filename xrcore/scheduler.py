@@ -1,0 +1,815 @@
+"""The scheduling policy: where pending tasks go, which running tasks make way, and why.
+
+A pure function of a `Cluster` view (regions with their inventory, prices and round-trip times;
+pending and running tasks; tenants with quotas and preferences) to `Decisions`. The running
+cluster builds the view from the replicated state (`xrcore.placement`); the simulator in
+`bench/scheduler.py` builds it from a trace. Same view, same policy, same decisions.
+
+One pass, in order:
+1. **Rooms.** Each healthy region's free devices (`xrcore.devices`: whole GPUs, or memory shares
+   of one GPU) and CPU slots, after what its assigned and running tasks hold. A region without
+   GPUs runs any task in a CPU slot, so every rule works on machines without accelerators.
+2. **Order.** Priority classes, highest first. Within a class, tenants take turns by weighted
+   dominant resource share (DRF: a tenant's largest fraction of the cluster's GPUs or CPU slots,
+   divided by its weight), recomputed after every placement; each tenant's tasks in submission
+   order. A tenant at its quota (GPUs or tasks) is skipped, and says so.
+3. **Choice.** Among the regions a task fits now (health, allow and deny lists, GPU count, model
+   and memory, gang: all of a task's GPUs in one region), the lowest score, in milliseconds:
+   the estimated completion time (moving the input data and the latest checkpoint to the region,
+   from size, bandwidth and round-trip time, plus the run time scaled by the region's speed), plus
+   price and carbon converted to time at the tenant's weights, plus a best-fit term that keeps
+   large blocks of devices whole for multi-GPU tasks. Preferred regions come first. A task whose
+   last attempt lost its lease avoids that region while another fits. Array tasks each take the
+   region where they finish soonest, so siblings fill the fastest regions first and finish
+   together.
+4. **Reservation and backfill.** The first task in order that fits nowhere (the head) reserves
+   the region where it will fit soonest, from running tasks' estimated ends. Later tasks may use
+   that region only if they finish before the reservation or leave the head's devices free
+   (EASY backfill), so small tasks fill gaps without delaying the head.
+5. **Preemption.** A task that fits nowhere may end running tasks of lower priority in one
+   region, those that lose the least work since their last checkpoint first, only those that
+   have run `preemption_min_run_ms`, at most `preemptions_max` per pass; the freed devices are
+   held for it. Victims go back to pending and resume from their last committed checkpoint.
+Every assignment and every waiting task carries a reason in words.
+
+Duration estimates (`DurationStats`) come from completed tasks per tenant and entrypoint, with a
+conservative default; they feed backfill, reservations and the cost of preemption.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from xrcore._clocktext import utc_text
+from xrcore.devices import DeviceLedger
+
+__all__ = [
+    "Assign",
+    "Cluster",
+    "Decisions",
+    "GpuInfo",
+    "Preempt",
+    "RegionInfo",
+    "SchedulerSettings",
+    "TaskInfo",
+    "TenantInfo",
+    "Unassign",
+    "estimate_ms",
+    "schedule",
+    "transfer_ms",
+]
+
+MIB_BITS = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSettings:
+    decisions_max: int = 256
+    # Reasons carried for waiting tasks per pass (the rest are summarized).
+    reasons_max: int = 256
+    preemptions_max: int = 4
+    preemption_min_run_ms: int = 120_000
+    # Unknown durations are assumed long: a wrong short guess would let backfill delay the head.
+    default_estimate_ms: int = 3_600_000
+    # Price and carbon in the score: $1 is worth `ms_per_dollar` of completion time, 1 kg CO2
+    # `ms_per_kg_carbon`, each multiplied by the tenant's weight for it.
+    ms_per_dollar: float = 600_000.0
+    ms_per_kg_carbon: float = 600_000.0
+    gpu_power_kw: float = 0.7
+    # Best fit: the score of leaving a region's free devices fragmented, scaled by the fraction
+    # of its devices that stay free.
+    best_fit_ms: float = 30_000.0
+    # Tasks in CPU slots spread over regions: the score of a region's fraction of slots in use.
+    spread_ms: float = 30_000.0
+    # A preferred region wins over any other that fits.
+    prefer_ms: float = 1e12
+    # Network model for moving data: one TCP stream with this window over the round-trip time,
+    # capped at the link rate; a transfer costs 3 round trips of set-up.
+    tcp_window_mib: float = 16.0
+    link_mbps: float = 10_000.0
+    unknown_rtt_ms: float = 100.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuInfo:
+    model: str
+    memory_mb: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegionInfo:
+    name: str
+    healthy: bool = True
+    gpus: tuple[GpuInfo, ...] = ()
+    cpu_slots: int = 0
+    price_per_gpu_hour: float = 0.0
+    carbon_g_per_kwh: float = 0.0
+    # Relative throughput of the region's devices (1.0 = the reference device).
+    speed: float = 1.0
+    rtt_ms: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskInfo:
+    job_id: str
+    task_index: int
+    tenant: str = "default"
+    priority: int = 0
+    state: str = "pending"  # "pending", "assigned" or "running"
+    region: str | None = None  # where an assigned or running task is
+    gpus: int = 0
+    gpu_memory_mb: int = 0
+    gpu_model: str | None = None
+    regions_allow: tuple[str, ...] = ()
+    regions_deny: tuple[str, ...] = ()
+    regions_prefer: tuple[str, ...] = ()
+    input_size_mb: int = 0
+    input_region: str | None = None
+    checkpoint_size_mb: int = 0
+    checkpoint_region: str | None = None
+    submitted_ms: int = 0
+    # Estimated run time on a speed-1.0 device.
+    estimate_ms: int = 3_600_000
+    # Running tasks: when the attempt started and when it last committed a checkpoint.
+    started_ms: int | None = None
+    checkpointed_ms: int | None = None
+    token: int | None = None
+    # Pending tasks: False while backing off after a failure (with the reason in `waiting`).
+    eligible: bool = True
+    waiting: str = ""
+    # The region whose lease on this task just expired: avoided while another region fits.
+    avoid_region: str | None = None
+
+    @property
+    def ref(self) -> tuple[str, int]:
+        return (self.job_id, self.task_index)
+
+    def allows(self, region: str) -> bool:
+        if region in self.regions_deny:
+            return False
+        return not self.regions_allow or region in self.regions_allow
+
+    @property
+    def gpu_units(self) -> float:
+        """GPUs this task holds for quotas and fair share: whole devices, or one shared."""
+        if self.gpus:
+            return float(self.gpus)
+        return 1.0 if self.gpu_memory_mb else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantInfo:
+    name: str
+    weight: float = 1.0
+    gpus_max: int | None = None
+    tasks_max: int | None = None
+    cost_weight: float = 1.0
+    carbon_weight: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    now_ms: int
+    regions: tuple[RegionInfo, ...]
+    tasks: tuple[TaskInfo, ...]
+    tenants: Mapping[str, TenantInfo] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assign:
+    job_id: str
+    task_index: int
+    region: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unassign:
+    job_id: str
+    task_index: int
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preempt:
+    job_id: str
+    task_index: int
+    token: int
+    region: str
+    reason: str
+
+
+@dataclass(kw_only=True)
+class Decisions:
+    assigns: list[Assign] = field(default_factory=list)
+    unassigns: list[Unassign] = field(default_factory=list)
+    preempts: list[Preempt] = field(default_factory=list)
+    # Why each waiting task considered in this pass is still pending.
+    waiting: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.assigns) + len(self.unassigns) + len(self.preempts)
+
+
+# Estimates and costs.
+
+
+def estimate_ms(count: int, mean_ms: int, deviation_ms: int, *, default_ms: int) -> int:
+    """A conservative run time: the mean of past runs plus two mean deviations, or the default
+    before any run completed."""
+    if count == 0:
+        return default_ms
+    return mean_ms + 2 * deviation_ms
+
+
+def _rtt_ms(regions: Mapping[str, RegionInfo], source: str, target: str, default: float) -> float:
+    if source == target:
+        return 0.0
+    for near, far in ((source, target), (target, source)):
+        region = regions.get(near)
+        if region is not None and far in region.rtt_ms:
+            return region.rtt_ms[far]
+    return default
+
+
+def transfer_ms(
+    size_mb: int,
+    source: str | None,
+    target: str,
+    regions: Mapping[str, RegionInfo],
+    settings: SchedulerSettings,
+) -> float:
+    """Time to move `size_mb` from `source` to `target`: set-up round trips plus size over the
+    bandwidth one TCP stream gets at that round-trip time."""
+    if size_mb <= 0 or source is None or source == target:
+        return 0.0
+    rtt = max(_rtt_ms(regions, source, target, settings.unknown_rtt_ms), 0.1)
+    window_mbps = settings.tcp_window_mib * 8 * 1000.0 / rtt
+    bandwidth_mbps = min(settings.link_mbps, window_mbps)
+    return 3 * rtt + size_mb * 8 * 1000.0 / bandwidth_mbps * 1.048576
+
+
+# Rooms.
+
+
+def _uses_gpu(task: TaskInfo, region: RegionInfo) -> bool:
+    return bool(region.gpus) and (task.gpus > 0 or task.gpu_memory_mb > 0)
+
+
+@dataclass
+class _Room:
+    region: RegionInfo
+    ledger: DeviceLedger
+    free_slots: int
+    # (estimated end, task) of what holds room here, for reservations and preemption.
+    holders: list[tuple[float, TaskInfo]] = field(default_factory=list)
+    # Devices held for a task that preempted others here (or reserved as the head's).
+    held_for: tuple[str, int] | None = None
+    uniform: bool = False  # every device the same model and memory
+
+    def __post_init__(self) -> None:
+        models, memory = set(self.ledger.models), set(self.ledger.memory_mb)
+        self.uniform = len(memory) == 1 and len(models) <= 1
+
+    def lowest_priority(self) -> int:
+        return min((holder.priority for _, holder in self.holders), default=1 << 30)
+
+    @property
+    def free_gpus(self) -> int:
+        # Whole and shared devices are disjoint (a shared device is never handed out whole).
+        ledger = self.ledger
+        return len(ledger.memory_mb) - len(ledger.whole) - len(ledger.shared_mb)
+
+    def copy_ledger(self) -> DeviceLedger:
+        return DeviceLedger(
+            memory_mb=self.ledger.memory_mb,
+            models=self.ledger.models,
+            whole=set(self.ledger.whole),
+            shared_mb=dict(self.ledger.shared_mb),
+        )
+
+    def fits(self, task: TaskInfo, *, commit: bool = False) -> bool:
+        if _uses_gpu(task, self.region):
+            if task.gpus > self.free_gpus:
+                return False  # The common case in a full cluster; no ledger copy.
+            if task.gpus and not commit and not self.ledger.shared_mb and self.uniform:
+                # All devices alike and none shared: counting is enough.
+                model = self.ledger.models[0] if self.ledger.models else None
+                return (task.gpu_model is None or task.gpu_model == model) and (
+                    task.gpu_memory_mb <= self.ledger.memory_mb[0]
+                )
+            ledger = self.ledger if commit else self.copy_ledger()
+            grant = ledger.reserve(
+                gpus=task.gpus, memory_mb=task.gpu_memory_mb, model=task.gpu_model
+            )
+            return grant is not None
+        if self.free_slots < 1:
+            return False
+        if commit:
+            self.free_slots -= 1
+        return True
+
+    def could_ever_fit(self, task: TaskInfo) -> bool:
+        """Whether the task fits this region when it is empty."""
+        if _uses_gpu(task, self.region):
+            empty = DeviceLedger(memory_mb=self.ledger.memory_mb, models=self.ledger.models)
+            grant = empty.reserve(
+                gpus=task.gpus, memory_mb=task.gpu_memory_mb, model=task.gpu_model
+            )
+            return grant is not None
+        return self.region.cpu_slots > 0
+
+
+def _rooms(cluster: Cluster, settings: SchedulerSettings) -> dict[str, _Room]:
+    rooms: dict[str, _Room] = {}
+    for region in sorted(cluster.regions, key=lambda item: item.name):
+        if not region.healthy:
+            continue
+        rooms[region.name] = _Room(
+            region=region,
+            ledger=DeviceLedger(
+                memory_mb=[gpu.memory_mb for gpu in region.gpus],
+                models=[gpu.model for gpu in region.gpus],
+            ),
+            free_slots=region.cpu_slots,
+        )
+    for task in cluster.tasks:
+        if task.state == "pending" or task.region not in rooms:
+            continue
+        room = rooms[task.region]
+        # A task that no longer fits (the region shrank) still holds what is left.
+        room.fits(task, commit=True)
+        started = task.started_ms if task.started_ms is not None else cluster.now_ms
+        end = started + task.estimate_ms / max(room.region.speed, 1e-6)
+        room.holders.append((max(end, float(cluster.now_ms)), task))
+    for room in rooms.values():
+        room.holders.sort(key=lambda item: (item[0], item[1].ref))
+    return rooms
+
+
+# Tenants and fair share.
+
+
+@dataclass
+class _Usage:
+    gpus: float = 0.0
+    tasks: int = 0
+    slots: int = 0
+
+
+class _Share:
+    """Per-tenant usage against cluster totals: quotas and weighted dominant shares."""
+
+    def __init__(self, cluster: Cluster, rooms: Mapping[str, _Room]) -> None:
+        self.tenants = cluster.tenants
+        self._defaults: dict[str, TenantInfo] = {}
+        self.total_gpus = sum(len(room.region.gpus) for room in rooms.values()) or 1
+        self.total_slots = sum(room.region.cpu_slots for room in rooms.values()) or 1
+        self.usage: dict[str, _Usage] = {}
+        for task in cluster.tasks:
+            if task.state != "pending":
+                self.add(task)
+
+    def tenant(self, name: str) -> TenantInfo:
+        info = self.tenants.get(name)
+        if info is None:
+            info = self._defaults.get(name)
+            if info is None:
+                info = self._defaults[name] = TenantInfo(name=name)
+        return info
+
+    def add(self, task: TaskInfo) -> None:
+        usage = self.usage.setdefault(task.tenant, _Usage())
+        usage.gpus += task.gpu_units
+        usage.tasks += 1
+        if task.gpu_units == 0:
+            usage.slots += 1
+
+    def dominant(self, tenant: str) -> float:
+        usage = self.usage.get(tenant, _Usage())
+        share = max(usage.gpus / self.total_gpus, usage.slots / self.total_slots)
+        return share / max(self.tenant(tenant).weight, 1e-9)
+
+    def over_quota(self, task: TaskInfo) -> str | None:
+        info = self.tenant(task.tenant)
+        usage = self.usage.get(task.tenant, _Usage())
+        if info.gpus_max is not None and usage.gpus + task.gpu_units > info.gpus_max:
+            return (
+                f"tenant {task.tenant!r} holds {usage.gpus:g} of its quota of "
+                f"{info.gpus_max} GPUs; this task needs {task.gpu_units:g} more"
+            )
+        if info.tasks_max is not None and usage.tasks + 1 > info.tasks_max:
+            return f"tenant {task.tenant!r} runs {usage.tasks} tasks, its quota"
+        return None
+
+
+# Scores.
+
+
+@dataclass(frozen=True)
+class _Option:
+    score: float
+    room: _Room
+    finish_ms: float
+    moving_ms: float
+    run_ms: float
+    devices: float
+
+    def explain(self, settings: SchedulerSettings) -> str:
+        region = self.room.region
+        hours = self.run_ms / 3_600_000
+        dollars = region.price_per_gpu_hour * self.devices * hours
+        carbon_kg = region.carbon_g_per_kwh * settings.gpu_power_kw * self.devices * hours / 1000
+        return (
+            f"est. finish in {_minutes(self.finish_ms)} (run {_minutes(self.run_ms)} at speed "
+            f"{region.speed:g}, data {self.moving_ms / 1000:.1f} s), ${dollars:.2f}, "
+            f"{carbon_kg:.2f} kg CO2"
+        )
+
+
+def _score(
+    task: TaskInfo,
+    room: _Room,
+    regions: Mapping[str, RegionInfo],
+    tenant: TenantInfo,
+    settings: SchedulerSettings,
+) -> _Option:
+    region = room.region
+    moving_ms = 0.0
+    if task.input_size_mb:
+        moving_ms += transfer_ms(
+            task.input_size_mb, task.input_region, region.name, regions, settings
+        )
+    if task.checkpoint_size_mb:
+        moving_ms += transfer_ms(
+            task.checkpoint_size_mb, task.checkpoint_region, region.name, regions, settings
+        )
+    run_ms = task.estimate_ms / max(region.speed, 1e-6)
+    finish_ms = moving_ms + run_ms
+    devices = task.gpu_units if _uses_gpu(task, region) else 0.0
+    score = finish_ms
+    if devices:
+        device_hours = devices * run_ms / 3_600_000
+        score += device_hours * (
+            tenant.cost_weight * region.price_per_gpu_hour * settings.ms_per_dollar
+            + tenant.carbon_weight
+            * region.carbon_g_per_kwh
+            * settings.gpu_power_kw
+            / 1000
+            * settings.ms_per_kg_carbon
+        )
+        free_after = room.free_gpus - task.gpus
+        score += settings.best_fit_ms * free_after / len(region.gpus)
+    elif region.cpu_slots:
+        # CPU slots are interchangeable units: spread them by load instead.
+        used_after = region.cpu_slots - room.free_slots + 1
+        score += settings.spread_ms * used_after / region.cpu_slots
+    if region.name in task.regions_prefer:
+        score -= settings.prefer_ms
+    return _Option(score, room, finish_ms, moving_ms, run_ms, devices)
+
+
+def _time_text(time_ms: float) -> str:
+    """An absolute time, so a reason stays the same from pass to pass while nothing changes."""
+    return utc_text(time_ms)
+
+
+def _minutes(value_ms: float) -> str:
+    return f"{value_ms / 60_000:.1f} min"
+
+
+# The pass.
+
+
+@dataclass
+class _Reservation:
+    task: TaskInfo
+    region: str
+    start_ms: float  # when the head is expected to fit there
+
+
+def _earliest_fit(task: TaskInfo, room: _Room, now_ms: int) -> float | None:
+    """When `task` is expected to fit `room`, releasing holders in order of estimated end."""
+    if room.fits(task):
+        return float(now_ms)
+    trial = _Room(region=room.region, ledger=room.copy_ledger(), free_slots=room.free_slots)
+    for end, holder in room.holders:
+        _release(trial, holder)
+        if trial.fits(task):
+            return end
+    return None
+
+
+def _release(room: _Room, task: TaskInfo) -> None:
+    if _uses_gpu(task, room.region):
+        # Rebuild the ledger without this task's devices: the view does not say which devices
+        # it holds, so count by amount (whole devices, or its share of memory).
+        ledger = room.ledger
+        if task.gpus:
+            for device in sorted(ledger.whole)[: task.gpus]:
+                ledger.whole.discard(device)
+        else:
+            for device, used in sorted(ledger.shared_mb.items()):
+                if used >= task.gpu_memory_mb:
+                    left = used - task.gpu_memory_mb
+                    if left:
+                        ledger.shared_mb[device] = left
+                    else:
+                        del ledger.shared_mb[device]
+                    break
+    else:
+        room.free_slots = min(room.region.cpu_slots, room.free_slots + 1)
+
+
+def _order(pending: list[TaskInfo], share: _Share) -> list[list[tuple[str, list[TaskInfo]]]]:
+    """Pending tasks grouped by priority class (highest first), then by tenant, each tenant's
+    tasks in submission order."""
+    classes: dict[int, dict[str, list[TaskInfo]]] = {}
+    for task in pending:
+        classes.setdefault(task.priority, {}).setdefault(task.tenant, []).append(task)
+    ordered = []
+    for priority in sorted(classes, reverse=True):
+        tenants = classes[priority]
+        for tasks in tenants.values():
+            tasks.sort(key=lambda task: (task.submitted_ms, task.job_id, task.task_index))
+        ordered.append(sorted(tenants.items()))
+    return ordered
+
+
+class _Pass:
+    def __init__(self, cluster: Cluster, settings: SchedulerSettings) -> None:
+        self.cluster = cluster
+        self.settings = settings
+        self.now_ms = cluster.now_ms
+        self.rooms = _rooms(cluster, settings)
+        self.regions = {region.name: region for region in cluster.regions}
+        self.share = _Share(cluster, self.rooms)
+        self.decisions = Decisions()
+        self.reservation: _Reservation | None = None
+        self.preempted: set[tuple[str, int]] = set()
+        self.waiting_noted = 0
+        self.no_room: dict[tuple[object, ...], str] = {}
+
+    def wait(self, task: TaskInfo, reason: str) -> None:
+        if self.waiting_noted < self.settings.reasons_max:
+            self.decisions.waiting[task.ref] = reason
+            self.waiting_noted += 1
+
+    def full(self) -> bool:
+        return len(self.decisions) >= self.settings.decisions_max
+
+    def run(self) -> Decisions:
+        for task in self.cluster.tasks:
+            if task.state == "assigned" and task.region not in self.rooms:
+                self.decisions.unassigns.append(
+                    Unassign(
+                        job_id=task.job_id,
+                        task_index=task.task_index,
+                        reason=f"region {task.region} became unhealthy before claiming it",
+                    )
+                )
+        pending = []
+        for task in self.cluster.tasks:
+            if task.state != "pending":
+                continue
+            if not task.eligible:
+                self.wait(task, task.waiting or "backing off after a failure")
+                continue
+            pending.append(task)
+        for tenants in _order(pending, self.share):
+            self._place_class(tenants)
+            if self.full():
+                break
+        return self.decisions
+
+    def _place_class(self, tenants: list[tuple[str, list[TaskInfo]]]) -> None:
+        """Tenants of one priority class take turns by weighted dominant share."""
+        queues = {name: tasks for name, tasks in tenants}
+        positions = dict.fromkeys(queues, 0)
+        heap = [(self.share.dominant(name), name) for name in queues]
+        heapq.heapify(heap)
+        while heap and not self.full():
+            _, name = heapq.heappop(heap)
+            position = positions[name]
+            tasks = queues[name]
+            if position >= len(tasks):
+                continue
+            task = tasks[position]
+            positions[name] = position + 1
+            quota = self.share.over_quota(task)
+            if quota is not None:
+                self.wait(task, quota)
+            elif self._place(task):
+                self.share.add(task)
+            if positions[name] < len(tasks):
+                heapq.heappush(heap, (self.share.dominant(name), name))
+
+    def _place(self, task: TaskInfo) -> bool:
+        # Room only shrinks during a pass (preemption holds what it frees), so a task of a shape
+        # that found no room waits like the one before it: a full cluster costs O(1) per task.
+        shape = (
+            task.gpus,
+            task.gpu_memory_mb,
+            task.gpu_model,
+            task.regions_allow,
+            task.regions_deny,
+            task.priority,
+        )
+        known = self.no_room.get(shape)
+        if known is not None:
+            self.wait(task, known)
+            return False
+        allowed = [room for name, room in self.rooms.items() if task.allows(name)]
+        if not allowed:
+            self.wait(task, "no healthy region that the job allows")
+            return False
+        fitting = [
+            room for room in allowed if room.held_for in (None, task.ref) and room.fits(task)
+        ]
+        if task.avoid_region is not None:
+            elsewhere = [room for room in fitting if room.region.name != task.avoid_region]
+            fitting = elsewhere or fitting
+        tenant = self.share.tenant(task.tenant)
+        options = sorted(
+            (_score(task, room, self.regions, tenant, self.settings) for room in fitting),
+            key=lambda option: (option.score, option.room.region.name),
+        )
+        for option in options:
+            if self._backfill_conflict(task, option):
+                continue
+            option.room.fits(task, commit=True)
+            end = self.now_ms + option.finish_ms
+            option.room.holders.append((end, task))
+            option.room.holders.sort(key=lambda item: (item[0], item[1].ref))
+            if option.room.held_for == task.ref:
+                option.room.held_for = None
+            others = [other for other in options if other is not option]
+            runner_up = (
+                f"; next best {others[0].room.region.name} ({others[0].explain(self.settings)})"
+                if others
+                else ""
+            )
+            self.decisions.assigns.append(
+                Assign(
+                    job_id=task.job_id,
+                    task_index=task.task_index,
+                    region=option.room.region.name,
+                    reason=f"{option.room.region.name}: {option.explain(self.settings)}{runner_up}",
+                )
+            )
+            return True
+        if options:
+            assert self.reservation is not None
+            self.wait(
+                task,
+                f"would delay {self.reservation.task.job_id}[{self.reservation.task.task_index}]"
+                f", which holds a reservation in {self.reservation.region}",
+            )
+            return False
+        ever = [room for room in allowed if room.could_ever_fit(task)]
+        if not ever:
+            self.no_room[shape] = _never_fits(task, allowed)
+            self.wait(task, self.no_room[shape])
+            return False
+        if self._preempt_for(task, ever):
+            return False
+        if self.reservation is None:
+            self._reserve(task, ever)
+            return False
+        names = ", ".join(room.region.name for room in ever)
+        self.no_room[shape] = f"no room now in {names}"
+        self.wait(task, self.no_room[shape])
+        return False
+
+    def _backfill_conflict(self, task: TaskInfo, option: _Option) -> bool:
+        """Whether placing `task` there would delay the head's reservation."""
+        reservation = self.reservation
+        if reservation is None or reservation.region != option.room.region.name:
+            return False
+        if self.now_ms + option.finish_ms <= reservation.start_ms:
+            return False
+        # It outlasts the reservation: allowed only if the head still fits when it comes.
+        trial = _Room(
+            region=option.room.region,
+            ledger=option.room.copy_ledger(),
+            free_slots=option.room.free_slots,
+            holders=list(option.room.holders),
+        )
+        trial.fits(task, commit=True)
+        for end, holder in trial.holders:
+            if end <= reservation.start_ms:
+                _release(trial, holder)
+        return not trial.fits(reservation.task)
+
+    def _reserve(self, task: TaskInfo, rooms: list[_Room]) -> None:
+        best: tuple[float, str] | None = None
+        for room in rooms:
+            start = _earliest_fit(task, room, self.now_ms)
+            if start is not None and (best is None or (start, room.region.name) < best):
+                best = (start, room.region.name)
+        if best is None:
+            self.wait(task, "no room now, and no running task's end would make room")
+            return
+        self.reservation = _Reservation(task=task, region=best[1], start_ms=best[0])
+        self.wait(
+            task,
+            f"head of the queue: reserved {best[1]}, expected to fit there at "
+            f"{_time_text(best[0])}; smaller tasks backfill around it",
+        )
+
+    def _preempt_for(self, task: TaskInfo, rooms: list[_Room]) -> bool:
+        """Ends lower-priority running tasks in one region to make room for `task`."""
+        budget = self.settings.preemptions_max - len(self.decisions.preempts)
+        if budget <= 0:
+            return False
+        best: tuple[float, str, list[TaskInfo]] | None = None
+        for room in rooms:
+            if room.held_for is not None:
+                continue
+            victims = self._victims(task, room, budget)
+            if victims is None:
+                continue
+            lost_ms = sum(self._lost_work_ms(victim) for victim in victims)
+            if best is None or (lost_ms, room.region.name) < best[:2]:
+                best = (lost_ms, room.region.name, victims)
+        if best is None:
+            return False
+        lost_ms, region, victims = best
+        room = self.rooms[region]
+        for victim in victims:
+            assert victim.token is not None
+            self.preempted.add(victim.ref)
+            room.holders = [item for item in room.holders if item[1].ref != victim.ref]
+            _release(room, victim)
+            self.decisions.preempts.append(
+                Preempt(
+                    job_id=victim.job_id,
+                    task_index=victim.task_index,
+                    token=victim.token,
+                    region=region,
+                    reason=(
+                        f"preempted for {task.job_id}[{task.task_index}] (priority "
+                        f"{task.priority} over {victim.priority}); resumes from its last "
+                        "checkpoint"
+                    ),
+                )
+            )
+        room.held_for = task.ref
+        self.wait(
+            task,
+            f"preempting {len(victims)} lower-priority task(s) in {region} "
+            f"(losing {_minutes(lost_ms)} of work since their checkpoints); placed when they stop",
+        )
+        return True
+
+    def _victims(self, task: TaskInfo, room: _Room, budget: int) -> list[TaskInfo] | None:
+        if room.lowest_priority() >= task.priority:
+            return None
+        candidates = [
+            holder
+            for _, holder in room.holders
+            if holder.state == "running"
+            and holder.priority < task.priority
+            and holder.token is not None
+            and holder.ref not in self.preempted
+            and holder.started_ms is not None
+            and self.now_ms - holder.started_ms >= self.settings.preemption_min_run_ms
+        ]
+        candidates.sort(
+            key=lambda holder: (holder.priority, self._lost_work_ms(holder), holder.ref)
+        )
+        trial = _Room(region=room.region, ledger=room.copy_ledger(), free_slots=room.free_slots)
+        chosen: list[TaskInfo] = []
+        for holder in candidates:
+            if len(chosen) >= budget:
+                return None
+            _release(trial, holder)
+            chosen.append(holder)
+            if trial.fits(task):
+                return chosen
+        return None
+
+    def _lost_work_ms(self, task: TaskInfo) -> float:
+        since = task.checkpointed_ms if task.checkpointed_ms is not None else task.started_ms
+        gpus = max(task.gpu_units, 1.0)
+        return float(max(self.now_ms - (since or self.now_ms), 0)) * gpus
+
+
+def _never_fits(task: TaskInfo, rooms: list[_Room]) -> str:
+    if task.gpus:
+        model = f" {task.gpu_model}" if task.gpu_model else ""
+        most = max((len(room.region.gpus) for room in rooms), default=0)
+        return (
+            f"needs {task.gpus}{model} GPU(s) in one region; no allowed healthy region has "
+            f"that many (largest: {most})"
+        )
+    if task.gpu_memory_mb:
+        return f"needs {task.gpu_memory_mb} MB on one GPU; no allowed healthy region has one"
+    return "no allowed healthy region has CPU slots"
+
+
+def schedule(cluster: Cluster, settings: SchedulerSettings | None = None) -> Decisions:
+    """Placement, take-back and preemption decisions for one pass, with reasons."""
+    return _Pass(cluster, settings or SchedulerSettings()).run()
