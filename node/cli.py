@@ -27,6 +27,7 @@ from node.cli_job import job
 from node.cli_kv import kv
 from node.cli_lock import lock, session
 from node.cli_node import demo, node, token, up, version
+from node.cli_tenant import tenant
 
 __all__ = ["main", "xr"]
 
@@ -51,7 +52,7 @@ def xr(context: click.Context) -> None:
         context.exit(EXIT_USAGE)
 
 
-for command in (up, kv, lock, session, job, region, cluster, token, node, demo, version):
+for command in (up, kv, lock, session, job, region, cluster, tenant, token, node, demo, version):
     xr.add_command(command)
 
 

@@ -164,7 +164,8 @@ def job_ls(state: str | None, limit: int | None) -> int:
 @click.argument("job_id", metavar="ID", callback=non_empty)
 @client_options
 def job_show(job_id: str) -> int:
-    """Show a job: its state, each task's state, region, progress and attempts."""
+    """Show a job: its state, each task's state, region, progress and attempts, and why each
+    task is where it is or why it still waits."""
     with connect() as client:
         found = _get(client, job_id)
 
@@ -199,6 +200,12 @@ def job_show(job_id: str) -> int:
         ]
         headers = ["TASK", "STATE", "REGION", "ATTEMPTS", "FAILURES", "PROGRESS", "CHECKPOINT"]
         click.echo(table([*headers, "ERROR"], rows))
+        reasons = [(task.index, task.reason) for task in found.tasks if task.reason]
+        if reasons:
+            click.echo("")
+            click.echo("why (from the scheduler):")
+            for index, reason in reasons:
+                click.echo(f"  task {index}: {reason}")
 
     emit(found, human)
     return 0

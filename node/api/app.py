@@ -316,7 +316,7 @@ def create_app(
     store: RaftStore,
     clock: Clock | None = None,
 ) -> web.Application:
-    from node.api import cluster, health, jobs, kv, locks, openapi, sessions, watch
+    from node.api import cluster, health, jobs, kv, locks, openapi, sessions, tenants, watch
 
     app = web.Application(middlewares=[_middleware], client_max_size=config.http.body_bytes_max)
     app[SERVICES] = Services(
@@ -326,6 +326,6 @@ def create_app(
         auth=Authenticator(config.auth),
         metrics=NodeMetrics(store, config.region.name),
     )
-    for module in (health, kv, sessions, locks, jobs, cluster, watch, openapi):
+    for module in (health, kv, sessions, locks, jobs, cluster, tenants, watch, openapi):
         app.router.add_routes(module.routes)
     return app

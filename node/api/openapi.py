@@ -183,6 +183,14 @@ _JOB_SUMMARY = {
     "array_size": INTEGER,
     "cancel_reason": {"type": ["string", "null"]},
 }
+_TENANT_SETTINGS: dict[str, Any] = {
+    "weight": {**NUMBER, "exclusiveMinimum": 0, "maximum": 1000, "description": "Fair share."},
+    "gpus_max": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 20},
+    "tasks_max": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 20},
+    "cost_weight": {**NUMBER, "minimum": 0, "maximum": 1000},
+    "carbon_weight": {**NUMBER, "minimum": 0, "maximum": 1000},
+}
+
 _REGION = {
     "name": TEXT,
     "http_address": TEXT,
@@ -383,6 +391,10 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
                 "checkpoint": {"oneOf": [_ref("Checkpoint"), {"type": "null"}]},
                 "result": {"type": ["string", "null"]},
                 "error": {"type": ["string", "null"]},
+                "reason": {
+                    **TEXT,
+                    "description": "Why the task is in its region, or why it still waits.",
+                },
                 "attempts": _list(_ref("Attempt")),
             }
         ),
@@ -434,6 +446,10 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
         # Regions and the cluster.
         "Region": _object({**_REGION, "stale": STALE}, required=tuple(_REGION)),
         "RegionList": _object({"items": _list(_ref("Region")), "stale": STALE}),
+        "Tenant": _object({"name": NAME, **_TENANT_SETTINGS}, required=("name", *_TENANT_SETTINGS)),
+        "TenantList": _object({"items": _list(_ref("Tenant")), "stale": STALE}),
+        "TenantSet": _object(_TENANT_SETTINGS, required=(), closed=True),
+        "TenantSetResult": _object({"name": NAME, "created": BOOLEAN}),
         "ClusterStatus": _object(
             {
                 "region": TEXT,
@@ -550,6 +566,7 @@ def _parameters(*, wait_max_s: float) -> dict[str, Any]:
         ),
         "job_id": _path("job_id", {"type": "string", "maxLength": 64}, "A job's id."),
         "region_name": _path("name", NAME, "A region's name."),
+        "tenant_name": _path("name", NAME, "A tenant's name."),
         "consistency": _query(
             "consistency",
             {"type": "string", "enum": ["linearizable", "stale"], "default": "linearizable"},
@@ -967,6 +984,27 @@ OPERATIONS: tuple[Operation, ...] = (
         answer="JobLogs",
         parameters=("job_id", "task_index", "attempt", "tail_bytes"),
         errors=(404, 503),
+    ),
+    # Tenants.
+    Operation(
+        method="get",
+        path="/v1/tenants",
+        operation_id="tenantList",
+        summary="Tenants' scheduling settings: fair-share weight, quotas, price and carbon weights",
+        tag="tenants",
+        answer="TenantList",
+        parameters=("consistency",),
+    ),
+    Operation(
+        method="put",
+        path="/v1/tenants/{name}",
+        operation_id="tenantSet",
+        summary="Set a tenant's scheduling settings (admins); unset fields take their defaults",
+        tag="tenants",
+        answer="TenantSetResult",
+        parameters=("tenant_name",),
+        body="TenantSet",
+        write=True,
     ),
     # Regions and the cluster.
     Operation(

@@ -7,6 +7,7 @@
     client.locks     acquire, release, get, validate
     client.jobs      submit, get, list, cancel, events, wait
     client.regions   list, get
+    client.tenants   list, set (scheduling: fair-share weight, quotas, price and carbon weights)
     client.cluster   status, members, transfer_leader
     client.health()  client.session(ttl_s=...)  client.lock(name, ttl_s=..., wait_s=...)
 
@@ -23,6 +24,7 @@ from xrcore.client._api import (
     AsyncLocks,
     AsyncRegions,
     AsyncSessions,
+    AsyncTenants,
 )
 from xrcore.client._async import AsyncClient
 from xrcore.client._errors import LockLost, LockNotGranted, SessionLost
@@ -48,10 +50,21 @@ from xrcore.client._models import (
     RegionGpu,
     SessionInfo,
     Task,
+    Tenant,
     TokenValidation,
     WatchEvent,
 )
-from xrcore.client._sync import Client, Cluster, Jobs, Kv, Locks, Regions, Sessions, Stream
+from xrcore.client._sync import (
+    Client,
+    Cluster,
+    Jobs,
+    Kv,
+    Locks,
+    Regions,
+    Sessions,
+    Stream,
+    Tenants,
+)
 
 __all__ = [
     "AsyncClient",
@@ -61,6 +74,7 @@ __all__ = [
     "AsyncLocks",
     "AsyncRegions",
     "AsyncSessions",
+    "AsyncTenants",
     "Attempt",
     "Checkpoint",
     "Client",
@@ -94,6 +108,8 @@ __all__ = [
     "Sessions",
     "Stream",
     "Task",
+    "Tenant",
+    "Tenants",
     "TokenValidation",
     "WatchEvent",
 ]

@@ -30,6 +30,7 @@ from xrcore.client._models import (
     PutResult,
     Region,
     SessionInfo,
+    Tenant,
     TokenValidation,
     WatchEvent,
     convert,
@@ -423,6 +424,41 @@ class AsyncRegions:
         except NotFound:
             return None
         return convert(document, Region)
+
+
+class AsyncTenants:
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    async def list(self) -> tuple[Tenant, ...]:
+        """Tenants whose scheduling settings were set (others have the defaults)."""
+        document = await self._transport.call("GET", "/v1/tenants")
+        return convert(document["items"], tuple[Tenant, ...])
+
+    async def set(
+        self,
+        name: str,
+        *,
+        weight: float = 1.0,
+        gpus_max: int | None = None,
+        tasks_max: int | None = None,
+        cost_weight: float = 1.0,
+        carbon_weight: float = 1.0,
+    ) -> bool:
+        """Sets all of a tenant's settings (admins only); True when the tenant was new."""
+        document = await self._transport.call(
+            "PUT",
+            f"/v1/tenants/{_segment(name)}",
+            body={
+                "weight": weight,
+                "gpus_max": gpus_max,
+                "tasks_max": tasks_max,
+                "cost_weight": cost_weight,
+                "carbon_weight": carbon_weight,
+            },
+            write=True,
+        )
+        return bool(document["created"])
 
 
 class AsyncCluster:

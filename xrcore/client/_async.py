@@ -23,6 +23,7 @@ from xrcore.client._api import (
     AsyncLocks,
     AsyncRegions,
     AsyncSessions,
+    AsyncTenants,
 )
 from xrcore.client._leases import LockContext, SessionContext, _Keeper
 from xrcore.client._models import Health, convert
@@ -63,6 +64,7 @@ class AsyncClient:
         self.locks = AsyncLocks(self._transport)
         self.jobs = AsyncJobs(self._transport, retry_s=retry_s)
         self.regions = AsyncRegions(self._transport)
+        self.tenants = AsyncTenants(self._transport)
         self.cluster = AsyncCluster(self._transport)
 
     @property

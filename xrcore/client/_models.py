@@ -35,6 +35,7 @@ __all__ = [
     "RegionGpu",
     "SessionInfo",
     "Task",
+    "Tenant",
     "TokenValidation",
     "WatchEvent",
     "convert",
@@ -219,6 +220,8 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint: Checkpoint | None = None
     result: str | None = None
     error: str | None = None
+    # Why the task is in its region, or why it still waits (from the scheduler).
+    reason: str = ""
     attempts: tuple[Attempt, ...] = ()
 
 
@@ -281,6 +284,17 @@ class RegionGpu(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     memory_mb: int
     free_mb: int
+
+
+class Tenant(msgspec.Struct, frozen=True, kw_only=True):
+    """A tenant's scheduling settings."""
+
+    name: str
+    weight: float = 1.0
+    gpus_max: int | None = None
+    tasks_max: int | None = None
+    cost_weight: float = 1.0
+    carbon_weight: float = 1.0
 
 
 class Region(msgspec.Struct, frozen=True, kw_only=True):

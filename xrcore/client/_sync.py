@@ -32,6 +32,7 @@ from xrcore.client._api import (
     AsyncLocks,
     AsyncRegions,
     AsyncSessions,
+    AsyncTenants,
 )
 from xrcore.client._async import AsyncClient
 from xrcore.client._leases import KeptSession, Lease
@@ -51,11 +52,22 @@ from xrcore.client._models import (
     PutResult,
     Region,
     SessionInfo,
+    Tenant,
     TokenValidation,
     WatchEvent,
 )
 
-__all__ = ["Client", "Cluster", "Jobs", "Kv", "Locks", "Regions", "Sessions", "Stream"]
+__all__ = [
+    "Client",
+    "Cluster",
+    "Jobs",
+    "Kv",
+    "Locks",
+    "Regions",
+    "Sessions",
+    "Stream",
+    "Tenants",
+]
 
 T = TypeVar("T")
 # How long closing waits for the loop thread to finish; it is a daemon, so a stuck one is left.
@@ -352,6 +364,38 @@ class Regions:
         return self._loop.run(self._regions.get(name))
 
 
+class Tenants:
+    """See `AsyncTenants`."""
+
+    def __init__(self, loop: _Loop, tenants: AsyncTenants) -> None:
+        self._loop = loop
+        self._tenants = tenants
+
+    def list(self) -> tuple[Tenant, ...]:
+        return self._loop.run(self._tenants.list())
+
+    def set(
+        self,
+        name: str,
+        *,
+        weight: float = 1.0,
+        gpus_max: int | None = None,
+        tasks_max: int | None = None,
+        cost_weight: float = 1.0,
+        carbon_weight: float = 1.0,
+    ) -> bool:
+        return self._loop.run(
+            self._tenants.set(
+                name,
+                weight=weight,
+                gpus_max=gpus_max,
+                tasks_max=tasks_max,
+                cost_weight=cost_weight,
+                carbon_weight=carbon_weight,
+            )
+        )
+
+
 class Cluster:
     """See `AsyncCluster`."""
 
@@ -391,6 +435,7 @@ class Client:
         self.locks = Locks(self._loop, self._async.locks)
         self.jobs = Jobs(self._loop, self._async.jobs)
         self.regions = Regions(self._loop, self._async.regions)
+        self.tenants = Tenants(self._loop, self._async.tenants)
         self.cluster = Cluster(self._loop, self._async.cluster)
 
     @property

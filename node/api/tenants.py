@@ -1,0 +1,44 @@
+"""Tenants' scheduling settings: fair-share weight, GPU and task quotas, price and carbon weights.
+
+Anyone who may read the cluster may list them; only admins set them. A tenant never set has the
+defaults, so setting tenants is optional.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from node.api.app import principal, read, write
+from node.api.auth import Permission
+from node.api.wire import field, read_body, reject_unknown, respond
+from xrcore import tenants
+from xrcore.commands import TenantSet
+
+__all__ = ["routes"]
+
+routes = web.RouteTableDef()
+
+_FIELDS = frozenset({"weight", "gpus_max", "tasks_max", "cost_weight", "carbon_weight"})
+
+
+@routes.get("/v1/tenants")
+async def list_tenants(request: web.Request) -> web.Response:
+    principal(request, Permission.READ_CLUSTER)
+    result = await read(request, tenants.list_)
+    return respond(request, {**result.value, "stale": result.stale})
+
+
+@routes.put("/v1/tenants/{name}")
+async def set_tenant(request: web.Request) -> web.Response:
+    principal(request, Permission.ADMIN)
+    body = await read_body(request)
+    reject_unknown(body, _FIELDS)
+    command = TenantSet(
+        name=request.match_info["name"],
+        weight=field(body, "weight", float, default=1.0),
+        gpus_max=field(body, "gpus_max", int, default=None, nullable=True),
+        tasks_max=field(body, "tasks_max", int, default=None, nullable=True),
+        cost_weight=field(body, "cost_weight", float, default=1.0),
+        carbon_weight=field(body, "carbon_weight", float, default=1.0),
+    )
+    return respond(request, await write(request, command))

@@ -1,0 +1,65 @@
+"""Tenants' scheduling settings through the API (admins set, everyone who reads the cluster
+lists), and a scheduling pass's reasons in a job's tasks."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.node.conftest import ApiNode
+from xrcore.placement import place
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_admin_sets_a_tenant_and_anyone_reading_the_cluster_lists_it(api: ApiNode) -> None:
+    created = api.ok(
+        "PUT", "/v1/tenants/research", token="admin", json={"weight": 2, "gpus_max": 8}
+    )
+    assert created == {"name": "research", "created": True}
+    listed = api.ok("GET", "/v1/tenants", token="alpha")["items"]
+    research = next(item for item in listed if item["name"] == "research")
+    # Fields left out take their defaults: setting a tenant replaces all its settings.
+    assert research == {
+        "name": "research",
+        "weight": 2.0,
+        "gpus_max": 8,
+        "tasks_max": None,
+        "cost_weight": 1.0,
+        "carbon_weight": 1.0,
+    }
+    again = api.ok("PUT", "/v1/tenants/research", token="admin", json={"tasks_max": 3})
+    assert again["created"] is False
+
+
+def test_a_tenant_may_not_set_tenants(api: ApiNode) -> None:
+    answer = api.request("PUT", "/v1/tenants/alpha", token="alpha", json={"weight": 100})
+    assert (answer.status, answer.error_code) == (403, "auth.forbidden")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"weight": 0}, {"weight": -1}, {"gpus_max": -1}, {"cost_weight": "high"}, {"nope": 1}],
+)
+def test_bad_tenant_settings_are_refused_naming_the_field(
+    api: ApiNode, body: dict[str, object]
+) -> None:
+    answer = api.request("PUT", "/v1/tenants/bad", token="admin", json=body)
+    assert answer.status == 400, answer.body
+    assert next(iter(body)) in answer.document["error"]["message"]
+
+
+def test_a_job_shows_why_its_task_waits(api: ApiNode) -> None:
+    submitted = api.ok(
+        "POST",
+        "/v1/jobs",
+        json={"name": "needs-a-lot", "workload": "gemm", "gpus": 64, "regions_allow": ["r0"]},
+    )
+    job_id = submitted["job_id"]
+    api.register_region()
+
+    decisions = api.services.store.replica.read(place)
+    assert decisions is not None
+    api.propose(decisions)
+    task = api.ok("GET", f"/v1/jobs/{job_id}")["tasks"][0]
+    assert task["state"] == "pending"
+    assert task["reason"], task
