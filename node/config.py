@@ -140,6 +140,26 @@ class ExecutorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     retry_backoff_max_s: float = 60.0
 
 
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The leader's scheduling policy (`xrcore.scheduler`). Only the leader schedules, so a
+    region with other values changes the policy while it leads, never the replicated state's
+    consistency; keep them the same everywhere."""
+
+    # A running task is preempted only after it has run this long (no preemption storms).
+    preemption_min_run_s: float = 120.0
+    # A preempted task has this long to checkpoint and stop before it is ended at once.
+    preemption_grace_s: float = 60.0
+    # Tasks preempted in one pass, at most.
+    preemptions_max: int = 4
+    # Run time assumed for an entrypoint with no completed run yet (long: a short wrong guess
+    # would let backfill delay the head of the queue).
+    default_estimate_s: float = 3600.0
+    # How many seconds of completion time $1 (and 1 kg of CO2) is worth, before each tenant's
+    # cost and carbon weights.
+    seconds_per_dollar: float = 600.0
+    seconds_per_kg_carbon: float = 600.0
+
+
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     json: bool = False
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -152,6 +172,7 @@ class _File(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     http: HttpConfig = HttpConfig()
     auth: AuthConfig = AuthConfig()
     executor: ExecutorConfig = ExecutorConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
     log: LogConfig = LogConfig()
 
 
@@ -164,6 +185,7 @@ class NodeConfig:
     auth: AuthConfig
     executor: ExecutorConfig
     log: LogConfig
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     # Where the settings came from, for `xr node run --check` and the logs (secrets left out).
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -195,13 +217,23 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def _known_settings() -> dict[str, Any]:
     """Every dotted setting name and its type, from the file's structure."""
     known: dict[str, Any] = {"data_dir": str}
-    for section in (RegionConfig, RaftSection, HttpConfig, AuthConfig, ExecutorConfig, LogConfig):
+    sections = (
+        RegionConfig,
+        RaftSection,
+        HttpConfig,
+        AuthConfig,
+        ExecutorConfig,
+        SchedulerConfig,
+        LogConfig,
+    )
+    for section in sections:
         name = {
             RegionConfig: "region",
             RaftSection: "raft",
             HttpConfig: "http",
             AuthConfig: "auth",
             ExecutorConfig: "executor",
+            SchedulerConfig: "scheduler",
             LogConfig: "log",
         }[section]
         for item in msgspec.structs.fields(section):
@@ -307,6 +339,7 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
     _check_region(parsed.region)
     _check_auth(parsed.auth)
     _check_executor(parsed.executor)
+    _check_scheduler(parsed.scheduler)
     return NodeConfig(
         data_dir=data_dir,
         region=parsed.region,
@@ -315,6 +348,7 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
         auth=parsed.auth,
         executor=parsed.executor,
         log=parsed.log,
+        scheduler=parsed.scheduler,
         sources=sources,
     )
 
@@ -376,6 +410,21 @@ def _check_region(region: RegionConfig) -> None:
     for name in ("price_per_gpu_hour", "carbon_g_per_kwh"):
         if getattr(region, name) < 0:
             raise ConfigError(f"setting region.{name}: must be 0 or more")
+
+
+def _check_scheduler(scheduler: SchedulerConfig) -> None:
+    for name in ("preemption_grace_s", "default_estimate_s"):
+        _check_positive(f"scheduler.{name}", getattr(scheduler, name))
+    for name in (
+        "preemption_min_run_s",
+        "preemptions_max",
+        "seconds_per_dollar",
+        "seconds_per_kg_carbon",
+    ):
+        if getattr(scheduler, name) < 0:
+            raise ConfigError(
+                f"setting scheduler.{name}: must be 0 or more (got {getattr(scheduler, name)})"
+            )
 
 
 def _check_executor(executor: ExecutorConfig) -> None:

@@ -30,6 +30,7 @@ from raftstore.store import RaftStore
 from xrcore.commands import RegionHeartbeat, RegionRegister
 from xrcore.errors import StaleSchedule, XrError
 from xrcore.placement import PlacementSettings, place
+from xrcore.scheduler import SchedulerSettings
 
 __all__ = ["Node", "configure_logging", "run"]
 
@@ -147,10 +148,18 @@ class Node:
         proposes its decisions as one pass. The pass carries the scheduling revision it was
         computed from; if the state changed before it applied, it is refused as stale and
         computed again at once from the newer state."""
-        executor = self.config.executor
+        executor, scheduler = self.config.executor, self.config.scheduler
         settings = PlacementSettings(
             retry_backoff_base_ms=int(executor.retry_backoff_base_s * 1000),
             retry_backoff_max_ms=int(executor.retry_backoff_max_s * 1000),
+            policy=SchedulerSettings(
+                preemption_min_run_ms=int(scheduler.preemption_min_run_s * 1000),
+                preemption_grace_ms=int(scheduler.preemption_grace_s * 1000),
+                preemptions_max=scheduler.preemptions_max,
+                default_estimate_ms=int(scheduler.default_estimate_s * 1000),
+                ms_per_dollar=scheduler.seconds_per_dollar * 1000,
+                ms_per_kg_carbon=scheduler.seconds_per_kg_carbon * 1000,
+            ),
         )
         stale_retries_max = 3
         while True:

@@ -43,6 +43,7 @@ __all__ = [
     "TaskFail",
     "TaskHeartbeat",
     "TaskUnassign",
+    "TaskYield",
     "TenantSet",
     "Tick",
     "Waiting",
@@ -372,12 +373,16 @@ class Placement(WireStruct, frozen=True):
 
 
 class Preemption(WireStruct, frozen=True):
-    """One running attempt to end so that a higher-priority task fits; the task is requeued."""
+    """A running attempt that must make way for a higher-priority task. First it is asked to
+    yield (its executor checkpoints and stops it, then sends `TaskYield`); with `force`, after
+    the grace period, it is ended at once. Either way the task is requeued without counting a
+    failure and resumes from its last committed checkpoint."""
 
     job_id: str
     task_index: int
     token: int
     reason: str = ""
+    force: bool = False
 
     def validate(self) -> None:
         _check_task(self.job_id, self.task_index)
@@ -472,6 +477,10 @@ class _TaskUpdate(Command, frozen=True):
         _check_token(self.token)
 
 
+class TaskYield(_TaskUpdate, frozen=True, tag="task.yield"):
+    """An attempt asked to make way (preempted) has checkpointed and stopped: requeue its task."""
+
+
 class TaskHeartbeat(_TaskUpdate, frozen=True, tag="task.heartbeat"):
     """Renews the attempt's lease and reports progress."""
 
@@ -545,6 +554,7 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     TaskFail,
     SchedulePass,
     TenantSet,
+    TaskYield,
 )
 
 

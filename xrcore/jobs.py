@@ -26,6 +26,7 @@ from xrcore.commands import (
     TaskFail,
     TaskHeartbeat,
     TaskUnassign,
+    TaskYield,
 )
 from xrcore.errors import (
     CapacityExceeded,
@@ -59,6 +60,7 @@ __all__ = [
     "schedule_pass",
     "submit",
     "unassign",
+    "yield_",
 ]
 
 
@@ -263,7 +265,27 @@ def heartbeat(machine: StateMachine, command: TaskHeartbeat, index: int) -> dict
     task.total = command.total
     task.metrics = dict(command.metrics)
     task.updated_at_ms = machine.now_ms
-    return {"token": attempt.token, "lease_remaining_ms": attempt.lease_ttl_ms}
+    return {
+        "token": attempt.token,
+        "lease_remaining_ms": attempt.lease_ttl_ms,
+        # The executor checkpoints and stops the attempt, then sends `TaskYield`.
+        "preempt": attempt.preempt_requested_ms is not None,
+    }
+
+
+def yield_(machine: StateMachine, command: TaskYield, index: int) -> dict[str, Any]:
+    """A preempted attempt has checkpointed and stopped: its task goes back to pending without
+    counting a failure, and resumes from its last committed checkpoint."""
+    task, attempt = _live(machine, command.job_id, command.task_index, command.token)
+    if attempt.preempt_requested_ms is None:
+        raise InvalidTransition(
+            f"task {command.job_id}[{command.task_index}] was not asked to yield; only "
+            "preempted attempts yield"
+        )
+    target = _check_move(task, Event.PREEMPT)
+    _end_attempt(machine, command.job_id, task, "preempted")
+    _move(machine, task, target)
+    return {"job_id": command.job_id, "task_index": task.index, "state": task.state.value}
 
 
 def checkpoint(machine: StateMachine, command: TaskCheckpoint, index: int) -> dict[str, Any]:
@@ -394,10 +416,18 @@ def schedule_pass(machine: StateMachine, command: SchedulePass, index: int) -> d
         _, task = _task(machine, taken.job_id, taken.task_index)
         moves.append((task, _check_move(task, Event.UNASSIGN), taken.reason, None))
     ended: list[tuple[str, Task]] = []
+    asked: list[tuple[Task, Attempt, str]] = []
     for preemption in command.preempts:
-        task, _ = _live(machine, preemption.job_id, preemption.task_index, preemption.token)
-        moves.append((task, _check_move(task, Event.PREEMPT), preemption.reason, None))
-        ended.append((preemption.job_id, task))
+        task, attempt = _live(machine, preemption.job_id, preemption.task_index, preemption.token)
+        if preemption.force:
+            moves.append((task, _check_move(task, Event.PREEMPT), preemption.reason, None))
+            ended.append((preemption.job_id, task))
+        elif attempt.preempt_requested_ms is None:
+            asked.append((task, attempt, preemption.reason))
+        else:
+            raise InvalidTransition(
+                f"task {preemption.job_id}[{preemption.task_index}] was already asked to yield"
+            )
     refs = [(item.job_id, item.task_index) for item in command.assigns]
     refs += [(item.job_id, item.task_index) for item in command.unassigns]
     refs += [(item.job_id, item.task_index) for item in command.preempts]
@@ -410,6 +440,10 @@ def schedule_pass(machine: StateMachine, command: SchedulePass, index: int) -> d
         _, task = _task(machine, note.job_id, note.task_index)
         waiting.append((task, note.reason))
     # Everything checked: apply.
+    for task, attempt, reason in asked:
+        attempt.preempt_requested_ms = machine.now_ms
+        task.reason = reason
+        machine.schedule_revision += 1
     for job_id, task in ended:
         _end_attempt(machine, job_id, task, "preempted")
     for task, target, reason, region in moves:

@@ -107,6 +107,8 @@ class Attempt(msgspec.Struct, kw_only=True):
     ended_at_ms: int | None = None
     outcome: str | None = None
     error: str | None = None
+    # When the scheduler asked this attempt to make way for a higher-priority task.
+    preempt_requested_ms: int | None = None
 
 
 class Task(msgspec.Struct, kw_only=True):

@@ -122,6 +122,7 @@ def _task_info(
         started_ms=None if live is None else live.started_at_ms,
         checkpointed_ms=None if task.checkpoint is None else task.checkpoint.committed_at_ms,
         token=None if live is None else live.token,
+        preempt_requested_ms=None if live is None else live.preempt_requested_ms,
         eligible=eligible,
         waiting=waiting,
         avoid_region=(
@@ -209,6 +210,7 @@ def place(machine: StateMachine, settings: PlacementSettings | None = None) -> S
                 task_index=item.task_index,
                 token=item.token,
                 reason=_clip(item.reason),
+                force=item.force,
             )
             for item in decisions.preempts
         ),

@@ -26,10 +26,13 @@ One pass, in order:
    the region where it will fit soonest, from running tasks' estimated ends. Later tasks may use
    that region only if they finish before the reservation or leave the head's devices free
    (EASY backfill), so small tasks fill gaps without delaying the head.
-5. **Preemption.** A task that fits nowhere may end running tasks of lower priority in one
+5. **Preemption.** A task that fits nowhere may preempt running tasks of lower priority in one
    region, those that lose the least work since their last checkpoint first, only those that
-   have run `preemption_min_run_ms`, at most `preemptions_max` per pass; the freed devices are
-   held for it. Victims go back to pending and resume from their last committed checkpoint.
+   have run `preemption_min_run_ms`, at most `preemptions_max` per pass; the devices they free
+   are held for it. A victim is asked to yield: its executor has it checkpoint and stop, and it
+   goes back to pending without counting a failure. While victims are leaving, the task waits
+   for them rather than preempting more (no storms); a victim that has not yielded after
+   `preemption_grace_ms` is ended at once and resumes from its last committed checkpoint.
 Every assignment and every waiting task carries a reason in words.
 
 Duration estimates (`DurationStats`) come from completed tasks per tenant and entrypoint, with a
@@ -71,6 +74,8 @@ class SchedulerSettings:
     reasons_max: int = 256
     preemptions_max: int = 4
     preemption_min_run_ms: int = 120_000
+    # A victim asked to yield has this long to checkpoint and stop before it is ended at once.
+    preemption_grace_ms: int = 60_000
     # Unknown durations are assumed long: a wrong short guess would let backfill delay the head.
     default_estimate_ms: int = 3_600_000
     # Price and carbon in the score: $1 is worth `ms_per_dollar` of completion time, 1 kg CO2
@@ -136,6 +141,8 @@ class TaskInfo:
     started_ms: int | None = None
     checkpointed_ms: int | None = None
     token: int | None = None
+    # Running tasks asked to make way (preempted) and not yet stopped: when they were asked.
+    preempt_requested_ms: int | None = None
     # Pending tasks: False while backing off after a failure (with the reason in `waiting`).
     eligible: bool = True
     waiting: str = ""
@@ -194,11 +201,14 @@ class Unassign:
 
 @dataclass(frozen=True, kw_only=True)
 class Preempt:
+    """Asks a running task to checkpoint and make way; with `force`, ends it at once."""
+
     job_id: str
     task_index: int
     token: int
     region: str
     reason: str
+    force: bool = False
 
 
 @dataclass(kw_only=True)
@@ -570,6 +580,24 @@ class _Pass:
                         reason=f"region {task.region} became unhealthy before claiming it",
                     )
                 )
+        for task in self.cluster.tasks:
+            asked_ms = task.preempt_requested_ms
+            if asked_ms is None or task.token is None or task.region is None:
+                continue
+            if self.now_ms - asked_ms >= self.settings.preemption_grace_ms:
+                self.decisions.preempts.append(
+                    Preempt(
+                        job_id=task.job_id,
+                        task_index=task.task_index,
+                        token=task.token,
+                        region=task.region,
+                        reason=(
+                            f"preempted: did not yield within "
+                            f"{self.settings.preemption_grace_ms // 1000} s, so ended at once"
+                        ),
+                        force=True,
+                    )
+                )
         pending = []
         for task in self.cluster.tasks:
             if task.state != "pending":
@@ -673,7 +701,7 @@ class _Pass:
             self.no_room[shape] = _never_fits(task, allowed)
             self.wait(task, self.no_room[shape])
             return False
-        if self._preempt_for(task, ever):
+        if self._awaiting_yield(task, ever) or self._preempt_for(task, ever):
             return False
         if self.reservation is None:
             self._reserve(task, ever)
@@ -719,6 +747,32 @@ class _Pass:
             f"{_time_text(best[0])}; smaller tasks backfill around it",
         )
 
+    def _awaiting_yield(self, task: TaskInfo, rooms: list[_Room]) -> bool:
+        """Holds a region where lower-priority tasks already asked to yield will make room for
+        `task`, so it waits for them instead of preempting more."""
+        for room in rooms:
+            if room.held_for is not None:
+                continue
+            leaving = [
+                holder
+                for _, holder in room.holders
+                if holder.preempt_requested_ms is not None and holder.priority < task.priority
+            ]
+            if not leaving:
+                continue
+            trial = _Room(region=room.region, ledger=room.copy_ledger(), free_slots=room.free_slots)
+            for holder in leaving:
+                _release(trial, holder)
+            if trial.fits(task):
+                room.held_for = task.ref
+                self.wait(
+                    task,
+                    f"waiting for {len(leaving)} preempted task(s) in {room.region.name} to "
+                    "checkpoint and stop",
+                )
+                return True
+        return False
+
     def _preempt_for(self, task: TaskInfo, rooms: list[_Room]) -> bool:
         """Ends lower-priority running tasks in one region to make room for `task`."""
         budget = self.settings.preemptions_max - len(self.decisions.preempts)
@@ -751,8 +805,8 @@ class _Pass:
                     region=region,
                     reason=(
                         f"preempted for {task.job_id}[{task.task_index}] (priority "
-                        f"{task.priority} over {victim.priority}); resumes from its last "
-                        "checkpoint"
+                        f"{task.priority} over {victim.priority}): checkpoints, stops and "
+                        "resumes from its checkpoint when room frees"
                     ),
                 )
             )
@@ -771,6 +825,7 @@ class _Pass:
             holder
             for _, holder in room.holders
             if holder.state == "running"
+            and holder.preempt_requested_ms is None
             and holder.priority < task.priority
             and holder.token is not None
             and holder.ref not in self.preempted

@@ -64,6 +64,7 @@ HANDLERS: dict[type[commands.Command], Handler] = {
     commands.TaskComplete: jobs.complete,
     commands.TaskFail: jobs.fail,
     commands.SchedulePass: jobs.schedule_pass,
+    commands.TaskYield: jobs.yield_,
     commands.TenantSet: tenants.set_,
 }
 assert set(HANDLERS) == set(commands.COMMAND_TYPES), "every command type needs one handler"

@@ -126,8 +126,9 @@ class JobContext:
 
     @property
     def stop_reason(self) -> str | None:
-        """Why the job was asked to stop (cancelled, lease_lost, superseded, wall_time,
-        shutdown, signal, disconnected), or None."""
+        """Why the job was asked to stop (cancelled, lease_lost, superseded, preempted,
+        wall_time, shutdown, signal, disconnected), or None. After lease_lost, preempted,
+        shutdown and signal the task runs again: checkpoint before returning."""
         return self._stop_reason
 
     def should_stop(self) -> bool:

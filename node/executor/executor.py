@@ -47,6 +47,7 @@ from xrcore.commands import (
     TaskComplete,
     TaskFail,
     TaskHeartbeat,
+    TaskYield,
 )
 from xrcore.devices import DeviceLedger, Grant
 from xrcore.errors import XrError
@@ -373,6 +374,12 @@ class Executor:
                 await self._propose_final(
                     attempt.fail(f"wall time limit of {limit_s} s reached", retryable=False)
                 )
+            elif reason == "preempted":
+                await self._propose_final(
+                    TaskYield(
+                        job_id=attempt.job_id, task_index=attempt.task_index, token=attempt.token
+                    )
+                )
             elif reason is not None:
                 # Cancelled, superseded, lease lost or shutting down: the log already says what
                 # happens next (or the lease will expire); nothing to report.
@@ -519,7 +526,7 @@ class Executor:
                 self._spawn(self._stop_worker(attempt, "wall_time"))
                 return
             try:
-                await self._propose(
+                renewed = await self._propose(
                     TaskHeartbeat(
                         job_id=attempt.job_id,
                         task_index=attempt.task_index,
@@ -530,6 +537,17 @@ class Executor:
                     )
                 )
                 attempt.last_contact_s = time.monotonic()
+                if renewed.get("preempt"):
+                    # A higher-priority task needs the room: the job checkpoints and stops, and
+                    # `_end` yields the task (requeued without counting a failure).
+                    log.info(
+                        "%s[%d] attempt %d preempted: stopping it to yield",
+                        attempt.job_id,
+                        attempt.task_index,
+                        attempt.attempt,
+                    )
+                    self._spawn(self._stop_worker(attempt, "preempted"))
+                    return
             except XrError as error:
                 if error.definite and error.code != "cluster.unavailable":
                     reason = "cancelled" if self._cancelled(attempt) else "superseded"

@@ -20,7 +20,7 @@ executor -> worker
                     happen (no quorum, a step not newer than the committed one: the worker goes
                     on). Absent, `superseded` counts as true. `step`, when present, names the
                     checkpoint answered; without it answers follow the checkpoints in order.
-    stop            {"reason"}: cancelled, lease_lost, superseded, wall_time or shutdown
+    stop            {"reason"}: cancelled, lease_lost, superseded, preempted, wall_time or shutdown
 
 Exit codes: 0 succeeded (a `result` was sent), 1 failed (a `failed` was sent, unless the worker
 could not even start), 3 stopped on request (nothing sent; the parent knows why it asked).

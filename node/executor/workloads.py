@@ -325,7 +325,7 @@ def mlp_train(ctx: JobContext) -> dict[str, Any]:
         if ctx.should_stop():
             # Worth keeping when the task will run again; not when it was cancelled or taken
             # over by another attempt.
-            resumable = ctx.stop_reason in ("lease_lost", "shutdown", "signal")
+            resumable = ctx.stop_reason in ("lease_lost", "shutdown", "signal", "preempted")
             if resumable and step > last_checkpoint:
                 _checkpoint(ctx, step, parameters, optimizer, loss)
             return {"stopped_at": step, "reason": ctx.stop_reason}

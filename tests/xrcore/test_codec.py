@@ -72,6 +72,7 @@ from xrcore.commands import (
     TaskFail,
     TaskHeartbeat,
     TaskUnassign,
+    TaskYield,
     TenantSet,
     Tick,
     Waiting,
@@ -192,10 +193,14 @@ EXAMPLES: dict[str, Envelope] = {
             revision=41,
             assigns=(Placement(job_id=JOB_ID, task_index=0, region="eu", reason="fastest"),),
             unassigns=(Waiting(job_id=JOB_ID, task_index=1, reason="region died"),),
-            preempts=(Preemption(job_id=JOB_ID, task_index=2, token=9, reason="priority"),),
+            preempts=(
+                Preemption(job_id=JOB_ID, task_index=2, token=9, reason="priority"),
+                Preemption(job_id=JOB_ID, task_index=4, token=8, reason="late", force=True),
+            ),
             waiting=(Waiting(job_id=JOB_ID, task_index=3, reason="no room"),),
         )
     ),
+    "task.yield": _envelope(TaskYield(job_id=JOB_ID, task_index=2, token=9)),
     "tenant.set": _envelope(
         TenantSet(name="acme", weight=2.0, gpus_max=16, cost_weight=0.5, carbon_weight=2.0)
     ),

@@ -14,11 +14,15 @@ from xrcore.commands import (
     RegionRegister,
     SchedulePass,
     TaskClaim,
+    TaskComplete,
     TaskFail,
+    TaskHeartbeat,
+    TaskYield,
     Tick,
 )
 from xrcore.errors import StaleSchedule
-from xrcore.placement import PlacementSettings, place
+from xrcore.placement import PlacementSettings, cluster_view, place
+from xrcore.scheduler import SchedulerSettings
 
 
 def _region(
@@ -218,3 +222,104 @@ def test_times_in_reasons_are_written_as_utc_like_datetime_would() -> None:
     for time_ms in (0, 951_782_400_000, 1_700_000_000_123, 4_102_444_799_000, 86_399_999):
         expected = datetime.fromtimestamp(time_ms / 1000, tz=UTC)
         assert utc_text(time_ms, seconds=True) == expected.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _running(driver: Driver, job_id: str, region: str) -> int:
+    token: int = driver.ok(
+        TaskClaim(job_id=job_id, task_index=0, region=region, executor_id="e", lease_ttl_ms=600_000)
+    )["token"]
+    return token
+
+
+def _preemptive(**overrides: int) -> PlacementSettings:
+    return PlacementSettings(
+        policy=SchedulerSettings(
+            preemption_min_run_ms=overrides.get("min_run_ms", 0),
+            preemption_grace_ms=overrides.get("grace_ms", 60_000),
+        )
+    )
+
+
+def test_a_preempted_task_is_asked_to_yield_then_requeued_without_a_failure() -> None:
+    driver = Driver()
+    _region(driver, "a", slots=1)
+    low = _submit(driver, "low", priority=0)
+    _apply_all(driver)
+    token = _running(driver, low, "a")
+    high = _submit(driver, "high", priority=5)
+    settings = _preemptive()
+
+    asked = place(driver.machine, settings)
+    assert asked is not None
+    assert [(item.job_id, item.token, item.force) for item in asked.preempts] == [
+        (low, token, False)
+    ]
+    driver.ok(asked)
+    # Asked, not ended: the attempt keeps its token until it has checkpointed and yielded.
+    assert driver.machine.jobs[low].tasks[0].state.value == "running"
+    assert driver.ok(TaskHeartbeat(job_id=low, task_index=0, token=token))["preempt"] is True
+    # The high task waits for it rather than preempting anything else.
+    waiting = place(driver.machine, settings)
+    assert waiting is not None and not waiting.preempts and not waiting.assigns
+    driver.ok(waiting)
+    assert "waiting for 1 preempted task(s) in a" in driver.machine.jobs[high].tasks[0].reason
+
+    driver.ok(TaskYield(job_id=low, task_index=0, token=token))
+    task = driver.machine.jobs[low].tasks[0]
+    assert (task.state.value, task.failures, task.attempts[-1].outcome) == (
+        "pending",
+        0,
+        "preempted",
+    )
+    assert _apply_all(driver) == [(high, 0, "a")]
+
+
+def test_a_task_that_does_not_yield_within_the_grace_is_ended_at_once() -> None:
+    driver = Driver()
+    _region(driver, "a", slots=1)
+    low = _submit(driver, "low", priority=0)
+    _apply_all(driver)
+    token = _running(driver, low, "a")
+    _submit(driver, "high", priority=5)
+    settings = _preemptive(grace_ms=10_000)
+    driver.ok(place(driver.machine, settings))  # type: ignore[arg-type]
+    for _ in range(10):
+        driver.ok(Tick(), advance_ms=1_000)
+        driver.ok(RegionHeartbeat(name="a"))
+    forced = place(driver.machine, settings)
+    assert forced is not None
+    assert [(item.job_id, item.force) for item in forced.preempts] == [(low, True)]
+    driver.ok(forced)
+    assert driver.machine.jobs[low].tasks[0].attempts[-1].outcome == "preempted"
+    # Its token is dead: a late yield or checkpoint from the old attempt is refused.
+    assert driver.error(TaskYield(job_id=low, task_index=0, token=token)) == "fencing.stale_token"
+
+
+def test_only_a_preempted_attempt_may_yield() -> None:
+    driver = Driver()
+    _region(driver, "a", slots=1)
+    job_id = _submit(driver, "job")
+    _apply_all(driver)
+    token = _running(driver, job_id, "a")
+    assert driver.error(TaskYield(job_id=job_id, task_index=0, token=token)) == (
+        "job.invalid_transition"
+    )
+
+
+def test_run_times_are_learned_per_tenant_and_entrypoint_and_feed_the_estimate() -> None:
+    driver = Driver()
+    _region(driver, "a", slots=1)
+    for run_s in (100, 200):
+        job_id = _submit(driver, "timed")
+        _apply_all(driver)
+        token = _running(driver, job_id, "a")
+        driver.ok(Tick(), advance_ms=run_s * 1_000)
+        driver.ok(RegionHeartbeat(name="a"))
+        driver.ok(TaskComplete(job_id=job_id, task_index=0, token=token, result="{}"))
+    stats = driver.machine.durations["default/gemm"]
+    # First run: mean 100 s, deviation 50 s; second: mean += (200 - 100) / 4.
+    assert (stats.count, stats.mean_ms) == (2, 125_000)
+    pending = _submit(driver, "next")
+    view = cluster_view(driver.machine, PlacementSettings())
+    estimate = next(task.estimate_ms for task in view.tasks if task.job_id == pending)
+    assert estimate == stats.mean_ms + 2 * stats.deviation_ms

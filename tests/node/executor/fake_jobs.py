@@ -62,3 +62,19 @@ def noisy(ctx: JobContext) -> dict[str, Any]:
         print(f"{number:06d} {line}", flush=number % 100 == 0)
     print("last line", flush=True)
     return {"lines": int(ctx.args.get("lines", 1000))}
+
+
+def count_steps(ctx: JobContext) -> dict[str, Any]:
+    """Counts to `steps`, one step per 50 ms, resuming from its checkpoint; when asked to stop
+    for a reason after which the task runs again, it checkpoints where it is first."""
+    steps = int(ctx.args.get("steps", 100))
+    restored = ctx.restore()
+    start = 0 if restored is None else int(restored["step"])
+    for step in range(start, steps):
+        if ctx.should_stop():
+            if ctx.stop_reason in ("preempted", "lease_lost", "shutdown", "signal"):
+                ctx.checkpoint(step, {"step": ctx.xp.asarray([step])})
+            return {"stopped_at": step, "reason": ctx.stop_reason}
+        ctx.progress(step + 1, steps)
+        time.sleep(0.05)
+    return {"counted": steps, "resumed_from": start, "attempt": ctx.attempt}
