@@ -58,15 +58,44 @@ def _set_option(*, meaning: str) -> Callable[[F], F]:
 
 
 @click.command()
-def demo() -> int:
-    """Run the demo scenario against the replicated core.
+@click.option("--quick", is_flag=True, help="A shorter run (about a minute), as CI runs it.")
+@click.option(
+    "--keep", is_flag=True, help="Keep the cluster running at the end until Ctrl-C (dashboard)."
+)
+@click.option(
+    "--dir",
+    "base_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep the regions' data and logs here (default: a temporary directory, removed).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=10),
+    default=600.0,
+    show_default=True,
+    help="Seconds the jobs may take before the demo gives up.",
+)
+def demo(quick: bool, keep: bool, base_dir: Path | None, timeout_s: float) -> int:
+    """Start three regions, run a mix of jobs, kill a region half-way and watch failover.
 
-    Regions join, a fenced lock changes hands, a job fails over to another region and resumes
-    from its checkpoint, a zombie is fenced off, and replicas are shown to agree.
+    Real node processes on loopback with different prices, carbon and device speeds; a gemm
+    benchmark, an fft array across regions and two training jobs of two tenants. The region
+    running the high-priority training job is killed (-9) half-way; the job moves to a healthy
+    region and resumes from its last committed checkpoint. Ends with a summary table.
     """
-    from node.demo import run
+    from node.demo import DemoError, DemoOptions, run
 
-    return run()
+    try:
+        report = run(DemoOptions(quick=quick, keep=keep, base_dir=base_dir, timeout_s=timeout_s))
+    except DemoError as error:
+        click.echo(f"xr demo: {error}", err=True)
+        return 1
+    if not report.story_told:
+        click.echo(f"xr demo: the story was not told in full: {report}", err=True)
+        return 1
+    return 0
 
 
 @click.command()

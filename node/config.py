@@ -60,6 +60,9 @@ class RegionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # Tasks that run without a GPU at once (in CPU mode, every task).
     cpu_slots: int = 2
     labels: dict[str, str] = {}
+    # Round-trip times to other regions, by region name, as the operator knows them (or as
+    # `xr demo` simulates them): the scheduler's cost of moving data and checkpoints.
+    rtt_ms: dict[str, float] = {}
 
 
 def _raft_default(name: str) -> Any:
@@ -245,14 +248,21 @@ def _coerce_text(dotted: str, text: str, kind: Any) -> Any:
     """A setting given as text (environment, --set) in the shape the file would have."""
     if kind is list or getattr(kind, "__origin__", None) is list:
         return _split_list(text)
-    if dotted == "region.labels":
-        labels: dict[str, str] = {}
+    if dotted in ("region.labels", "region.rtt_ms"):
+        pairs: dict[str, str] = {}
         for pair in _split_list(text):
             key, separator, value = pair.partition("=")
             if not separator:
-                raise ConfigError(f"region.labels: {pair!r} must be key=value")
-            labels[key.strip()] = value.strip()
-        return labels
+                raise ConfigError(f"setting {dotted}: {pair!r} must be key=value")
+            pairs[key.strip()] = value.strip()
+        if dotted == "region.labels":
+            return pairs
+        try:
+            return {key: float(value) for key, value in pairs.items()}
+        except ValueError:
+            raise ConfigError(
+                f"setting {dotted}: round-trip times must be numbers ({text!r})"
+            ) from None
     return text
 
 
@@ -410,6 +420,11 @@ def _check_region(region: RegionConfig) -> None:
     for name in ("price_per_gpu_hour", "carbon_g_per_kwh"):
         if getattr(region, name) < 0:
             raise ConfigError(f"setting region.{name}: must be 0 or more")
+    for peer, rtt_ms in region.rtt_ms.items():
+        if not 0 <= rtt_ms <= 3_600_000:
+            raise ConfigError(
+                f"setting region.rtt_ms: {peer} = {rtt_ms!r} must be between 0 and 3600000 ms"
+            )
 
 
 def _check_scheduler(scheduler: SchedulerConfig) -> None:

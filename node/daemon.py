@@ -137,7 +137,11 @@ class Node:
                     log.info("region %s registered with the cluster", region.name)
                 else:
                     await self.store.propose(
-                        RegionHeartbeat(name=region.name, gpus=to_gpus(self.inventory))
+                        RegionHeartbeat(
+                            name=region.name,
+                            gpus=to_gpus(self.inventory),
+                            rtt_ms=dict(region.rtt_ms),
+                        )
                     )
             except XrError as error:
                 log.debug("region %s: registration or heartbeat failed: %s", region.name, error)

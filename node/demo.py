@@ -1,227 +1,466 @@
-"""The main job that exists so far: a scripted multi-region scenario against the replicated core.
+"""`xr demo`: the whole promise on one machine, with real processes.
 
-Three regions register, a training job runs in one of them and checkpoints, the region goes silent,
-its attempt's lease runs out, the job moves to a healthy region and resumes from its last committed
-checkpoint, and the zombie's late update is fenced off by its stale token. Every step is applied as
-an encoded log entry, and at the end three replicas fed the same log (one through a snapshot) are
-shown to hold byte-identical state. Time is simulated, so the run is the same every time.
+It starts three regions (real `xr node run` processes on loopback, through `LocalCluster`) with
+different prices, carbon intensity, device speeds and simulated round-trip times, submits a mix
+of work (a `gemm` benchmark, an `fft` array spread across regions, two `mlp_train` jobs from two
+tenants with different priorities), shows live progress per job, kills (-9) the region running
+the high-priority training job half-way, shows that job failing over and resuming from its last
+committed checkpoint, and ends with a summary of where everything ran.
+
+Device speeds, prices, carbon and round-trip times are labels the scheduler reads; on a machine
+without a GPU every region runs its tasks on the CPU (NumPy), and the demo says so. With a GPU the
+jobs ask for a share of one and run on it through CuPy.
+
+Nothing is left running at the end unless `--keep`, which keeps the cluster up in the foreground
+until Ctrl-C. `run` returns a `DemoReport` so tests can assert the story (the failover happened,
+every job completed, nothing is left running).
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import secrets
+import shutil
+import signal
+import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from xrcore import StateMachine, XrError, encode, jobs
-from xrcore import commands as c
-from xrcore.codec import Envelope
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-__all__ = ["run"]
+from node.config import hash_token
+from node.localcluster import LocalCluster
 
-START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z, simulated
+__all__ = ["DemoError", "DemoOptions", "DemoReport", "run"]
 
 
-class _Cluster:
-    """The log and three replicas applying it; replica 2 joins late from a snapshot."""
+@dataclass(frozen=True)
+class _RegionPlan:
+    name: str
+    provider: str
+    price_per_gpu_hour: float
+    carbon_g_per_kwh: float
+    gpu_model: str
+    speed: float
 
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self.say = say
-        self.log: list[bytes] = []
-        self.replicas = [StateMachine(), StateMachine()]
-        self.now_ms = START_MS
 
-    def propose(self, command: c.Command, *, advance_ms: int = 100) -> dict[str, Any]:
-        self.now_ms += advance_ms
-        entry = encode(
-            Envelope(command=command, now_ms=self.now_ms, client_id="demo", seq=len(self.log) + 1)
-        )
-        self.log.append(entry)
-        index = len(self.log)
-        results = [replica.apply(entry, index) for replica in self.replicas]
-        applied = results[0]
-        for effect in applied.effects:
-            self.say(f"      effect: {effect.kind} {_describe_effect(effect)}")
-        return applied.result.unwrap()
+REGIONS = (
+    _RegionPlan("us-east", "aws", 2.9, 380.0, "H100", 2.0),
+    _RegionPlan("eu-west", "gcp", 2.4, 120.0, "A100", 1.0),
+    _RegionPlan("ap-south", "edge", 1.1, 650.0, "L4", 0.6),
+)
+# Simulated round-trip times between the regions, in ms (loopback is ~0.1 ms).
+RTT_MS = {
+    ("us-east", "eu-west"): 75.0,
+    ("us-east", "ap-south"): 210.0,
+    ("eu-west", "ap-south"): 120.0,
+}
 
-    def idle(self, seconds: int) -> None:
-        """The leader ticks every 250 ms while nothing else happens."""
-        for _ in range(seconds * 4):
-            self.propose(c.Tick(), advance_ms=250)
+
+class DemoError(Exception):
+    """The demo could not tell its story (a region did not start, a job did not finish)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    quick: bool = False
+    keep: bool = False
+    # Where the regions' data and logs go; a temporary directory (removed) when None.
+    base_dir: Path | None = None
+    timeout_s: float = 600.0
+
+
+@dataclass(kw_only=True)
+class DemoReport:
+    gpu: bool = False
+    killed_region: str | None = None
+    killed_at_step: int | None = None
+    failover_region: str | None = None
+    resumed_from_step: int | None = None
+    jobs: dict[str, str] = field(default_factory=dict)  # job id -> final state
+    left_running: list[str] = field(default_factory=list)
 
     @property
-    def machine(self) -> StateMachine:
-        return self.replicas[0]
+    def story_told(self) -> bool:
+        return (
+            self.failover_region is not None
+            and self.resumed_from_step is not None
+            and bool(self.jobs)
+            and all(state == "succeeded" for state in self.jobs.values())
+            and not self.left_running
+        )
 
 
-def _describe_effect(effect: Any) -> str:
-    if effect.kind == "attempt.ended":
-        return f"{effect.job_id}[{effect.task_index}] token {effect.token}: {effect.reason}"
-    if effect.kind == "lock.granted":
-        return f"{effect.name} -> {effect.session_id} token {effect.token}"
-    return f"{effect.session_id} ({effect.reason})"
+def _rtt(region: str) -> str:
+    pairs = []
+    for (one, other), rtt_ms in RTT_MS.items():
+        if region in (one, other):
+            pairs.append(f"{other if region == one else one}={rtt_ms:g}")
+    return ",".join(pairs)
 
 
-def run(say: Callable[[str], None] = print) -> int:
-    cluster = _Cluster(say)
-    propose = cluster.propose
-    say("xr demo: a scripted multi-region scenario against the replicated core (simulated time)\n")
-
-    say("1. Three regions join, each with its own GPUs, price and carbon intensity.")
-    regions = {
-        "eu-west": ("A100", 4, 2.10, 120.0),
-        "us-east": ("H100", 8, 3.90, 380.0),
-        "ap-south": ("L4", 2, 0.80, 650.0),
+def _region_settings(quick: bool) -> dict[str, dict[str, str]]:
+    return {
+        plan.name: {
+            "region.provider": plan.provider,
+            "region.price_per_gpu_hour": str(plan.price_per_gpu_hour),
+            "region.carbon_g_per_kwh": str(plan.carbon_g_per_kwh),
+            "region.labels": f"gpu_model={plan.gpu_model},speed={plan.speed:g}",
+            "region.rtt_ms": _rtt(plan.name),
+            "region.cpu_slots": "2",
+        }
+        for plan in REGIONS
     }
-    for port, (name, (model, count, price, carbon)) in enumerate(regions.items()):
-        propose(
-            c.RegionRegister(
-                name=name,
-                http_address=f"http://127.0.0.1:{8100 + port}",
-                raft_address=f"127.0.0.1:{9100 + port}",
-                provider="demo",
-                price_per_gpu_hour=price,
-                carbon_g_per_kwh=carbon,
-            )
-        )
-        gpus = tuple(c.Gpu(model=model, memory_mb=81_920, free_mb=81_920) for _ in range(count))
-        propose(c.RegionHeartbeat(name=name, gpus=gpus))
-        say(f"   {name:9} {count} x {model}, ${price:.2f}/GPU-hour, {carbon:.0f} gCO2/kWh")
 
-    say("\n2. Two trainers race for a fenced lock; the loser queues.")
-    alice = propose(c.SessionGrant(ttl_ms=5_000, owner="alice"))["session_id"]
-    bob = propose(c.SessionGrant(ttl_ms=60_000, owner="bob"))["session_id"]
-    grant = propose(c.LockAcquire(name="dataset/imagenet", session_id=alice))
-    say(f"   alice holds dataset/imagenet with token {grant['token']}")
-    queued = propose(c.LockAcquire(name="dataset/imagenet", session_id=bob, wait=True))
-    say(f"   bob is queued at position {queued['position']}")
-    say("   alice stops renewing her 5 s session...")
-    for _ in range(8):
-        propose(c.SessionKeepAlive(session_id=bob), advance_ms=1_000)
-    lock = cluster.machine.locks["dataset/imagenet"]
-    say(f"   bob now holds it with token {lock.token} > {grant['token']}: alice is fenced off")
 
-    say("\n3. A training job is submitted and placed in us-east.")
-    spec = c.JobSpec(
-        name="mlp-train",
-        tenant="research",
-        workload="mlp_train",
-        gpus=2,
-        args='{"epochs": 10}',
-        checkpoint_interval_s=60,
-        max_attempts=3,
-    )
-    job_id = propose(c.JobSubmit(spec=spec))["job_id"]
-    propose(c.TaskAssign(job_id=job_id, task_index=0, region="us-east"))
-    claim = propose(
-        c.TaskClaim(
-            job_id=job_id,
-            task_index=0,
-            region="us-east",
-            executor_id="us-east/executor",
-            lease_ttl_ms=3_000,
-        )
-    )
-    zombie_token = claim["token"]
-    say(f"   {job_id} attempt {claim['attempt']} runs in us-east with token {zombie_token}")
-    for step in range(1, 5):
-        propose(
-            c.TaskHeartbeat(
-                job_id=job_id,
-                task_index=0,
-                token=zombie_token,
-                done=step,
-                total=10,
-                metrics={"loss": round(1.0 / step, 3)},
-            ),
-            advance_ms=500,
-        )
-        if step % 2 == 0:
-            propose(
-                c.TaskCheckpoint(
-                    job_id=job_id,
-                    task_index=0,
-                    token=zombie_token,
-                    step=step,
-                    uri=f"file:///ckpt/{job_id}/{step}",
-                    checksum=f"sha256:{step}",
-                    size_bytes=1 << 20,
-                )
-            )
-            say(f"   epoch {step}/10 checkpoint committed")
+def _cluster_settings(quick: bool) -> dict[str, str]:
+    return {
+        # Short leases so the failover shows within seconds (production default: 10 s).
+        "executor.lease_ttl_s": "3" if quick else "5",
+        "executor.poll_interval_s": "0.2",
+        "executor.kill_grace_s": "2",
+        "executor.retry_backoff_base_s": "0.5",
+        "scheduler.preemption_min_run_s": "600",
+        "log.level": "info",
+    }
 
-    say("\n4. us-east is cut off: no heartbeats reach the cluster; its attempt lease runs out.")
-    cluster.idle(4)
-    task = cluster.machine.jobs[job_id].tasks[0]
-    say(
-        f"   task is {task.state.value}, last committed checkpoint: step {task.checkpoint.step}"
-        if task.checkpoint
-        else "   task has no checkpoint"
-    )
 
-    say("\n5. The job moves to eu-west and resumes from its checkpoint.")
-    propose(c.TaskAssign(job_id=job_id, task_index=0, region="eu-west"))
-    claim = propose(
-        c.TaskClaim(
-            job_id=job_id,
-            task_index=0,
-            region="eu-west",
-            executor_id="eu-west/executor",
-            lease_ttl_ms=3_000,
-        )
-    )
-    token = claim["token"]
-    say(
-        f"   attempt {claim['attempt']} in eu-west, token {token}, resumes from step "
-        f"{claim['checkpoint']['step']}"
-    )
+@dataclass(frozen=True)
+class _JobPlan:
+    label: str
+    tenant: str
+    priority: int
+    workload: str
+    args: dict[str, Any]
+    array_size: int = 1
 
-    say("\n6. The zombie in us-east wakes up and tries to commit: rejected.")
-    try:
-        propose(
-            c.TaskCheckpoint(
-                job_id=job_id,
-                task_index=0,
-                token=zombie_token,
-                step=9,
-                uri="file:///ckpt/zombie",
-                checksum="sha256:bad",
-                size_bytes=1,
-            )
-        )
-    except XrError as error:
-        say(f"   {error.code}: {error.message}")
 
-    for step in range(5, 11):
-        propose(
-            c.TaskHeartbeat(job_id=job_id, task_index=0, token=token, done=step, total=10),
-            advance_ms=500,
-        )
-    propose(c.TaskComplete(job_id=job_id, task_index=0, token=token, result='{"loss": 0.05}'))
-    view = jobs.get(cluster.machine, job_id)
-    say(f"   {job_id} {view['state']} after {len(view['tasks'][0]['attempts'])} attempts:")
-    for attempt in view["tasks"][0]["attempts"]:
-        say(
-            f"     attempt {attempt['number']}: {attempt['region']:8} token {attempt['token']:3} "
-            f"{attempt['outcome']}, restored from step {attempt['restored_step']}"
-        )
-
-    say("\n7. Replicas agree byte for byte, also one restored from a snapshot mid-log.")
-    late = StateMachine.restore(_replay(cluster.log[: len(cluster.log) // 2]).snapshot())
-    for index in range(len(cluster.log) // 2 + 1, len(cluster.log) + 1):
-        late.apply(cluster.log[index - 1], index)
-    digests = [
-        hashlib.sha256(replica.snapshot()).hexdigest()[:16] for replica in [*cluster.replicas, late]
+def _jobs(quick: bool) -> list[_JobPlan]:
+    # Sized for a few seconds each on an idle laptop CPU (quick) or a few tens of seconds.
+    steps = 16_000 if quick else 60_000
+    return [
+        _JobPlan(
+            "train-research",
+            "research",
+            10,
+            "mlp_train",
+            {"steps": steps, "hidden": 64, "batch": 128, "checkpoint_every": steps // 10},
+        ),
+        _JobPlan(
+            "train-product",
+            "product",
+            0,
+            "mlp_train",
+            {"steps": steps // 2, "hidden": 64, "batch": 128, "checkpoint_every": steps // 20},
+        ),
+        _JobPlan("gemm-bench", "platform", 5, "gemm", {"n": 512, "repeats": 20}),
+        _JobPlan(
+            "fft-sweep",
+            "science",
+            1,
+            "fft",
+            {"n": 512, "repeats": 20 if quick else 100},
+            array_size=3 if quick else 6,
+        ),
     ]
-    for name, digest in zip(["replica 1", "replica 2", "from snapshot"], digests, strict=True):
-        say(f"   {name:14} state sha256 {digest}")
-    agree = len(set(digests)) == 1
-    say(f"\n{len(cluster.log)} log entries applied; replicas {'agree' if agree else 'DIVERGE'}.")
-    return 0 if agree else 1
 
 
-def _replay(log: list[bytes]) -> StateMachine:
-    machine = StateMachine()
-    for index, entry in enumerate(log, start=1):
-        machine.apply(entry, index)
-    return machine
+ADMIN = "platform"
+
+
+class _Demo:
+    def __init__(self, options: DemoOptions, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.report = DemoReport()
+        self.job_ids: dict[str, str] = {}  # label -> job id
+        self.owners: dict[str, Any] = {}  # label -> the client of the tenant owning the job
+        self.started_s = time.monotonic()
+        # Authentication is on, as in production: one token per tenant and one admin token,
+        # made for this run and never written anywhere but the nodes' config (as hashes).
+        tenants = {plan.tenant for plan in _jobs(options.quick)}
+        self.tokens = {name: secrets.token_urlsafe(24) for name in sorted(tenants | {ADMIN})}
+
+    def _config_text(self) -> str:
+        return "\n".join(
+            f'[[auth.tokens]]\nname = "{name}"\nsha256 = "{hash_token(token)}"\n'
+            f'role = "{"admin" if name == ADMIN else "tenant"}"\ntenant = "{name}"\n'
+            for name, token in self.tokens.items()
+        )
+
+    def say(self, text: str) -> None:
+        elapsed_s = time.monotonic() - self.started_s
+        self.console.print(f"[dim]{elapsed_s:6.1f}s[/dim]  {text}")
+
+    def run(self, base_dir: Path) -> DemoReport:
+        quick = self.options.quick
+        cluster = LocalCluster(
+            base_dir,
+            region_names=[plan.name for plan in REGIONS],
+            settings=_cluster_settings(quick),
+            region_settings=_region_settings(quick),
+            config_text=self._config_text(),
+        )
+        self.say(f"starting {len(REGIONS)} regions as real processes (data and logs: {base_dir})")
+        try:
+            cluster.start(timeout_s=90.0)
+            self._story(cluster)
+            if self.options.keep:
+                self._keep(cluster)
+        finally:
+            cluster.stop()
+            self.report.left_running = [node.region for node in cluster.nodes if node.running]
+            if self.report.left_running:
+                cluster.kill()
+        return self.report
+
+    def _story(self, cluster: LocalCluster) -> None:
+        from xrcore.client import Client
+
+        clients = {
+            name: Client(cluster.urls, token=token, timeout_s=10.0)
+            for name, token in self.tokens.items()
+        }
+        with contextlib.ExitStack() as stack:
+            for tenant_client in clients.values():
+                stack.enter_context(contextlib.closing(tenant_client))
+            client = clients[ADMIN]
+            regions = self._wait_for_regions(client)
+            self.report.gpu = any(region.gpus for region in regions)
+            self._describe(regions, client)
+            # The research team paid for twice the fair share of the product team.
+            client.tenants.set("research", weight=2.0)
+            for plan in _jobs(self.options.quick):
+                spec: dict[str, Any] = {}
+                if self.report.gpu:
+                    spec["gpu_memory_mb"] = 2_048
+                job_id = clients[plan.tenant].jobs.submit(
+                    plan.label,
+                    workload=plan.workload,
+                    args=plan.args,
+                    priority=plan.priority,
+                    array_size=plan.array_size,
+                    **spec,
+                )
+                self.job_ids[plan.label] = job_id
+                self.owners[plan.label] = clients[plan.tenant]
+                self.say(
+                    f"submitted [bold]{plan.label}[/bold] ({plan.workload}, tenant "
+                    f"{plan.tenant}, priority {plan.priority}"
+                    + (f", {plan.array_size} tasks" if plan.array_size > 1 else "")
+                    + f") as {job_id}"
+                )
+            self._follow(cluster, client)
+            self._summary(client)
+
+    def _get(self, label: str) -> Any:
+        return self.owners[label].jobs.get(self.job_ids[label])
+
+    def _wait_for_regions(self, client: Any) -> Any:
+        deadline_s = time.monotonic() + 60.0
+        while time.monotonic() < deadline_s:
+            regions = client.regions.list()
+            if len(regions) == len(REGIONS) and all(region.healthy for region in regions):
+                leader = client.cluster.status().leader
+                self.say(f"all regions registered and healthy; Raft leader at {leader}")
+                return regions
+            time.sleep(0.2)
+        raise DemoError("the regions did not all register within 60 s")
+
+    def _describe(self, regions: Any, client: Any) -> None:
+        table = Table(title="regions", title_justify="left")
+        for column in ("region", "provider", "devices", "speed", "$/GPU-h", "gCO2/kWh", "RTTs ms"):
+            table.add_column(column)
+        for region in regions:
+            devices = (
+                f"{len(region.gpus)} x {region.gpus[0].model}"
+                if region.gpus
+                else f"CPU ({region.labels.get('gpu_model', '?')} simulated)"
+            )
+            table.add_row(
+                region.name,
+                region.provider,
+                devices,
+                region.labels.get("speed", "1"),
+                f"{region.price_per_gpu_hour:g}",
+                f"{region.carbon_g_per_kwh:g}",
+                ", ".join(f"{peer} {rtt:g}" for peer, rtt in sorted(region.rtt_ms.items())),
+            )
+        self.console.print(table)
+        if self.report.gpu:
+            self.say("GPU found: jobs ask for a 2 GB share of one and run on it with CuPy")
+        else:
+            self.say(
+                "no GPU on this machine: every region runs its tasks on the CPU (NumPy); "
+                "device speeds, prices and carbon are labels the scheduler reads"
+            )
+
+    def _follow(self, cluster: LocalCluster, client: Any) -> None:
+        """Live progress per job; kills the training job's region half-way; waits for all."""
+        target = self.job_ids["train-research"]
+        deadline_s = time.monotonic() + self.options.timeout_s
+        with Progress(
+            TextColumn("{task.description:<16}"),
+            BarColumn(bar_width=32),
+            TextColumn("{task.percentage:>5.1f}%"),
+            TextColumn("{task.fields[where]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+        ) as progress:
+            bars: dict[str, TaskID] = {
+                label: progress.add_task(label, total=1.0, where="pending")
+                for label in self.job_ids
+            }
+            while True:
+                if time.monotonic() > deadline_s:
+                    raise DemoError(f"jobs did not finish within {self.options.timeout_s:.0f} s")
+                jobs = {label: self._get(label) for label in self.job_ids}
+                for label, job in jobs.items():
+                    if job is not None:
+                        progress.update(bars[label], completed=_fraction(job), where=_where(job))
+                training = jobs["train-research"]
+                if training is not None:
+                    if self.report.killed_region is None:
+                        self._maybe_kill(cluster, training, self.say)
+                    elif self.report.failover_region is None:
+                        self._maybe_resumed(training, self.say)
+                if all(job is not None and job.finished for job in jobs.values()):
+                    break
+                time.sleep(0.25)
+            self.report.jobs = {
+                self.job_ids[label]: job.state for label, job in jobs.items() if job is not None
+            }
+        if self.report.failover_region is None:
+            raise DemoError(f"{target} finished without the failover the demo shows")
+
+    def _maybe_kill(
+        self, cluster: LocalCluster, training: Any, echo: Callable[[str], None]
+    ) -> None:
+        task = training.tasks[0]
+        if task.state != "running" or task.total == 0 or task.checkpoint is None:
+            return
+        if task.done < task.total // 2 or task.region is None:
+            return
+        node = cluster.node(task.region)
+        leader = cluster.leader()
+        node.kill()
+        self.report.killed_region = task.region
+        # Progress reports are throttled: the checkpoint may be newer than the last one seen.
+        self.report.killed_at_step = max(task.done, task.checkpoint.step)
+        role = " (the Raft leader)" if leader is not None and leader.region == node.region else ""
+        echo(
+            f"[bold red]killed region {task.region}{role} with SIGKILL[/bold red] while "
+            f"{training.job_id} was at step {self.report.killed_at_step}/{task.total}; its last "
+            "committed "
+            f"checkpoint is step {task.checkpoint.step}"
+        )
+
+    def _maybe_resumed(self, training: Any, echo: Callable[[str], None]) -> None:
+        task = training.tasks[0]
+        attempts = task.attempts
+        if len(attempts) < 2 or task.state != "running":
+            return
+        latest = attempts[-1]
+        lost = attempts[-2]
+        self.report.failover_region = latest.region
+        self.report.resumed_from_step = latest.restored_step
+        echo(
+            f"[bold green]{training.job_id} failed over[/bold green]: attempt {lost.number} in "
+            f"{lost.region} ended ({lost.outcome}); attempt {latest.number} runs in "
+            f"{latest.region} from checkpoint step {latest.restored_step} "
+            f"(fencing token {lost.token} -> {latest.token})"
+        )
+
+    def _summary(self, client: Any) -> None:
+        table = Table(title="summary", title_justify="left")
+        for column in ("job", "id", "tenant", "prio", "state", "ran in", "attempts", "time s"):
+            table.add_column(column)
+        table.add_column("failovers")
+        table.add_column("resumed from")
+        for label, job_id in self.job_ids.items():
+            job = self._get(label)
+            attempts = [attempt for task in job.tasks for attempt in task.attempts]
+            starts = [attempt.started_at_ms for attempt in attempts]
+            ends = [attempt.ended_at_ms or attempt.started_at_ms for attempt in attempts]
+            where = sorted({attempt.region for attempt in attempts})
+            failovers = sum(attempt.outcome == "lease_expired" for attempt in attempts)
+            resumed = sorted(
+                {attempt.restored_step for attempt in attempts if attempt.restored_step}
+            )
+            table.add_row(
+                label,
+                job_id,
+                job.tenant,
+                str(job.priority),
+                job.state,
+                ", ".join(where),
+                str(len(attempts)),
+                f"{(max(ends) - job.submitted_at_ms) / 1000:.1f}" if starts else "-",
+                str(failovers),
+                ", ".join(f"step {step}" for step in resumed) or "-",
+            )
+        self.console.print(table)
+        reason = self._get("fft-sweep").tasks[0].reason
+        if reason:
+            self.say(f"why fft-sweep[0] went where it did: {reason}")
+
+    def _keep(self, cluster: LocalCluster) -> None:
+        if self.report.killed_region is not None:
+            node = cluster.node(self.report.killed_region)
+            node.start()
+            cluster.wait_ready(nodes=[node], timeout_s=60.0)
+            self.say(f"restarted region {node.region} from its data directory")
+        self.say("cluster kept running; Ctrl-C stops it")
+        for node in cluster.nodes:
+            self.console.print(f"  {node.region:<9} {node.url}  dashboard {node.url}/ui")
+        self.console.print(f"  export XR_ENDPOINTS={','.join(cluster.urls)}")
+        stop = False
+
+        def interrupted(signum: int, frame: object) -> None:
+            nonlocal stop
+            stop = True
+
+        previous = signal.signal(signal.SIGINT, interrupted)
+        try:
+            while not stop:
+                time.sleep(0.2)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _fraction(job: Any) -> float:
+    if job.state == "succeeded":
+        return 1.0
+    parts = [task.done / task.total if task.total else 0.0 for task in job.tasks]
+    return sum(parts) / len(parts) if parts else 0.0
+
+
+def _where(job: Any) -> str:
+    regions = sorted({task.region for task in job.tasks if task.region})
+    if job.finished:
+        return str(job.state)
+    return ", ".join(regions) if regions else "pending"
+
+
+def run(options: DemoOptions | None = None, *, console: Console | None = None) -> DemoReport:
+    """Runs the demo; raises `DemoError` when its story cannot be told."""
+    options = options or DemoOptions()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            # Logs and CI: wide enough for the tables, no live redraws.
+            console = Console(width=140)
+    demo = _Demo(options, console)
+    if options.base_dir is not None:
+        return demo.run(options.base_dir)
+    base_dir = Path(tempfile.mkdtemp(prefix="xr-demo-"))
+    try:
+        return demo.run(base_dir)
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)

@@ -268,6 +268,15 @@ def _uses_gpu(task: TaskInfo, region: RegionInfo) -> bool:
     return bool(region.gpus) and (task.gpus > 0 or task.gpu_memory_mb > 0)
 
 
+def _billed_devices(task: TaskInfo, region: RegionInfo) -> float:
+    """Devices price and carbon are counted on: the task's GPUs; in a region without GPUs (CPU
+    mode, where every task takes a slot) the slot stands for one device, so prices and carbon
+    steer placement the same way there; a CPU task in a GPU region costs nothing extra."""
+    if not region.gpus:
+        return max(task.gpu_units, 1.0)
+    return task.gpu_units if _uses_gpu(task, region) else 0.0
+
+
 @dataclass
 class _Room:
     region: RegionInfo
@@ -458,7 +467,7 @@ def _score(
         )
     run_ms = task.estimate_ms / max(region.speed, 1e-6)
     finish_ms = moving_ms + run_ms
-    devices = task.gpu_units if _uses_gpu(task, region) else 0.0
+    devices = _billed_devices(task, region)
     score = finish_ms
     if devices:
         device_hours = devices * run_ms / 3_600_000
@@ -470,6 +479,7 @@ def _score(
             / 1000
             * settings.ms_per_kg_carbon
         )
+    if _uses_gpu(task, region):
         free_after = room.free_gpus - task.gpus
         score += settings.best_fit_ms * free_after / len(region.gpus)
     elif region.cpu_slots:
