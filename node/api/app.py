@@ -64,8 +64,10 @@ SEQ_HEADER = "Xr-Seq"
 REQUEST_ID_HEADER = "Xr-Request-Id"
 INDEX_HEADER = "Xr-Index"
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-# Paths anyone may read whatever the configuration: the API's own description.
-PUBLIC_PATHS = frozenset({"/v1/openapi.json"})
+# Paths anyone may read whatever the configuration: the API's own description, and the web
+# dashboard's page and files (`node.api.ui.STATIC_FILES`: they hold no data; its data routes
+# need a token like any other).
+PUBLIC_PATHS = frozenset({"/v1/openapi.json", "/ui", "/ui/app.js", "/ui/style.css"})
 
 
 @dataclass
@@ -316,7 +318,7 @@ def create_app(
     store: RaftStore,
     clock: Clock | None = None,
 ) -> web.Application:
-    from node.api import cluster, health, jobs, kv, locks, openapi, sessions, tenants, watch
+    from node.api import cluster, health, jobs, kv, locks, openapi, sessions, tenants, ui, watch
 
     app = web.Application(middlewares=[_middleware], client_max_size=config.http.body_bytes_max)
     app[SERVICES] = Services(
@@ -326,6 +328,6 @@ def create_app(
         auth=Authenticator(config.auth),
         metrics=NodeMetrics(store, config.region.name),
     )
-    for module in (health, kv, sessions, locks, jobs, cluster, tenants, watch, openapi):
+    for module in (health, kv, sessions, locks, jobs, cluster, tenants, watch, openapi, ui):
         app.router.add_routes(module.routes)
     return app

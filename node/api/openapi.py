@@ -210,6 +210,126 @@ _REGION = {
 }
 
 
+def _ui_state() -> dict[str, Any]:
+    """The dashboard's snapshot (`node.api.ui.snapshot`): cluster-wide facts and the caller's
+    tenant's newest objects."""
+    count = {"type": "integer", "minimum": 0}
+    load = _object({"assigned": count, "running": count})
+    region = {key: value for key, value in _REGION.items() if key != "raft_address"}
+    task = _object(
+        {
+            "index": INTEGER,
+            "state": {"type": "string", "enum": [state.value for state in TaskState]},
+            "region": {"type": ["string", "null"]},
+            "failures": INTEGER,
+            "done": INTEGER,
+            "total": INTEGER,
+            "reason": {"type": "string", "description": "Why the task is where it is, or waits."},
+            "error": {"type": ["string", "null"]},
+            "attempts": _list(
+                _object(
+                    {
+                        name: _ATTEMPT[name]
+                        for name in (
+                            "number",
+                            "region",
+                            "token",
+                            "started_at_ms",
+                            "ended_at_ms",
+                            "outcome",
+                            "error",
+                        )
+                    }
+                )
+            ),
+        }
+    )
+    summary = {key: value for key, value in _JOB_SUMMARY.items() if key != "tenant"}
+    job = _object(
+        {
+            **summary,
+            "workload": {"type": ["string", "null"]},
+            "entrypoint": {"type": ["string", "null"]},
+            "task_states": {"type": "object", "additionalProperties": count},
+            "done": INTEGER,
+            "total": INTEGER,
+            "regions": _list(TEXT),
+            "reason": {"type": "string", "description": "The first unfinished task's reason."},
+            "tasks": _list(_ref("UiTask")),
+        }
+    )
+    return {
+        "UiTask": task,
+        "UiJob": job,
+        "UiState": _object(
+            {
+                "principal": _object({"name": TEXT, "role": TEXT, "tenant": TEXT}),
+                "node": _object(
+                    {
+                        "region": TEXT,
+                        "state": {
+                            "type": "string",
+                            "enum": ["follower", "candidate", "leader", "unknown"],
+                        },
+                        "leader": {"type": ["string", "null"]},
+                        "leader_region": {"type": ["string", "null"]},
+                        "has_quorum": BOOLEAN,
+                        "term": INTEGER,
+                        "commit_index": INTEGER,
+                        "applied_index": INTEGER,
+                        "members": _list(
+                            _object(
+                                {
+                                    "region": {"type": ["string", "null"]},
+                                    "connected": BOOLEAN,
+                                    "match_index": {"type": ["integer", "null"]},
+                                }
+                            )
+                        ),
+                    }
+                ),
+                "index": INTEGER,
+                "now_ms": TIME_MS,
+                "revision": REVISION,
+                "regions": _list(_object({**region, "load": load})),
+                "jobs": {
+                    **_list(_ref("UiJob")),
+                    "description": "The tenant's newest jobs, newest first (at most 50; at "
+                    "most 16 tasks each).",
+                },
+                "job_counts": {"type": "object", "additionalProperties": count},
+                "locks": _list(
+                    _object(
+                        {
+                            "name": TEXT,
+                            "holder": TEXT,
+                            "token": INTEGER,
+                            "granted_at_ms": TIME_MS,
+                            "waiters": _list(TEXT),
+                        }
+                    )
+                ),
+                "lock_count": count,
+                "sessions": _list(
+                    _object(
+                        {
+                            "session_id": TEXT,
+                            "ttl_ms": INTEGER,
+                            "remaining_ms": INTEGER,
+                            "granted_at_ms": TIME_MS,
+                            "locks": _list(TEXT),
+                            "keys": count,
+                        }
+                    )
+                ),
+                "session_count": count,
+                "key_count": count,
+                "stale": STALE,
+            }
+        ),
+    }
+
+
 def _schemas(*, wait_max_s: float) -> dict[str, Any]:
     wait = {"type": "number", "minimum": 0, "maximum": wait_max_s}
     return {
@@ -486,6 +606,8 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
         ),
         "TransferLeader": _object({"region": TEXT}, closed=True),
         "TransferLeaderResult": _object({"leader_region": TEXT, "transferred": BOOLEAN}),
+        # The web dashboard (node.api.ui).
+        **_ui_state(),
         # Watch.
         "WatchEvent": _object(
             {
@@ -1073,6 +1195,29 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=(410, 413),
         description=_SSE,
     ),
+    # The web dashboard's data (its page and files at /ui are not part of the API).
+    Operation(
+        method="get",
+        path="/v1/ui/state",
+        operation_id="uiState",
+        summary="What the web dashboard shows: cluster status, regions, and the tenant's newest "
+        "jobs, locks and sessions",
+        tag="ui",
+        answer="UiState",
+        parameters=("consistency",),
+    ),
+    Operation(
+        method="get",
+        path="/v1/ui/events",
+        operation_id="uiEvents",
+        summary="The dashboard's snapshot as Server-Sent Events, again after each change",
+        tag="ui",
+        answer=None,
+        description="A stream of `event: state` events whose data is a UiState (read from this "
+        "node's replica, `stale: true`), one at once and another whenever the replica applies "
+        "new entries, at most four a second; comment lines keep the connection alive. It "
+        "counts against http.streams_max.",
+    ),
 )
 
 
@@ -1085,6 +1230,8 @@ def _success(operation: Operation) -> dict[str, Any]:
         content = _content(_ref(operation.answer))
     if operation.path == "/v1/watch":
         content["text/event-stream"] = {"schema": TEXT}
+    if operation.path == "/v1/ui/events":
+        content = {"text/event-stream": {"schema": TEXT}}
     headers = (REQUEST_ID_HEADER,) if operation.open else (REQUEST_ID_HEADER, INDEX_HEADER)
     return {"description": "OK", "headers": _header_refs(*headers), "content": content}
 
@@ -1126,7 +1273,7 @@ def _operation(operation: Operation) -> dict[str, Any]:
     return described
 
 
-_TAGS = ("kv", "sessions", "locks", "jobs", "watch", "regions", "cluster", "health", "meta")
+_TAGS = ("kv", "sessions", "locks", "jobs", "watch", "regions", "cluster", "health", "meta", "ui")
 
 
 def document(*, wait_max_s: float = 60.0, body_bytes_max: int = 1 << 20) -> dict[str, Any]:
