@@ -75,6 +75,7 @@ class RaftSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     peers: list[str] = []
     cluster_secret: str | None = None
     cluster_secret_file: str | None = None
+    bind_address: str | None = None
     raft_min_timeout_s: float = _raft_default("raft_min_timeout_s")
     raft_max_timeout_s: float = _raft_default("raft_max_timeout_s")
     append_entries_period_s: float = _raft_default("append_entries_period_s")

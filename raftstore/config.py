@@ -44,6 +44,10 @@ class RaftConfig:
     data_dir: Path
     # pysyncobj's `password`: encrypts and authenticates Raft traffic. Required off loopback.
     cluster_secret: str | None = None
+    # Where the Raft port listens (host:port). Default: `self_address`, so a node on loopback
+    # is reachable on loopback only (pysyncobj's own default is every interface). Set it when
+    # the advertised address is not on this host (NAT), e.g. "0.0.0.0:7001".
+    bind_address: str | None = None
 
     # Election timeout bounds: a follower that hears nothing for a random time in this range
     # starts an election. They bound failover time: the first of the followers times out after
@@ -90,6 +94,8 @@ class RaftConfig:
             if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
                 raise InvalidArgument(f"raft.{item.name} must be positive, got {value!r}")
         _host_of(self.self_address)
+        if self.bind_address is not None:
+            _host_of(self.bind_address)
         for peer in self.peers:
             _host_of(peer)
         if self.self_address in self.peers:
@@ -118,7 +124,8 @@ class RaftConfig:
                 f"raft.append_entries_batch_bytes ({self.append_entries_batch_bytes}): pickling "
                 "can double an entry twice, and chunked entries hit a pysyncobj bug"
             )
-        off_loopback = [a for a in (self.self_address, *self.peers) if not _is_loopback(a)]
+        listened = (self.self_address, self.bind_address or self.self_address, *self.peers)
+        off_loopback = [a for a in dict.fromkeys(listened) if not _is_loopback(a)]
         if off_loopback and not self.cluster_secret:
             raise InvalidArgument(
                 f"raft.cluster_secret is required when Raft listens or connects off loopback "

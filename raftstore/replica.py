@@ -134,7 +134,8 @@ class Replica(SyncObj):
             commandsWaitLeader=True,
             dynamicMembershipChange=True,
             useFork=False,
-            bindAddress=None,
+            # Listen where this node says it is, not on every interface.
+            bindAddress=config.bind_address or config.self_address,
         )
         super().__init__(
             config.self_address,

@@ -51,3 +51,15 @@ def test_off_loopback_without_a_cluster_secret__is_refused() -> None:
     with pytest.raises(InvalidArgument, match=re.escape("raft.cluster_secret is required")):
         _config(self_address="10.0.0.5:9000", peers=("10.0.0.6:9000",))
     _config(self_address="10.0.0.5:9000", peers=("10.0.0.6:9000",), cluster_secret="s3cret")
+
+
+def test_bind_address__off_loopback_needs_the_cluster_secret_too(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="cluster_secret is required"):
+        RaftConfig(
+            self_address="127.0.0.1:7001",
+            peers=(),
+            data_dir=tmp_path,
+            bind_address="0.0.0.0:7001",
+        )
+    with pytest.raises(InvalidArgument, match="host:port"):
+        RaftConfig(self_address="127.0.0.1:7001", peers=(), data_dir=tmp_path, bind_address="x")

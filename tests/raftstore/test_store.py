@@ -303,3 +303,26 @@ def test_transfer_leadership__the_named_member_becomes_leader(tmp_path: Path) ->
             await target.transfer_leadership("127.0.0.1:1")
 
     _run(body, _configs(tmp_path))
+
+
+def _listening_hosts(port: int) -> set[str]:
+    """The local addresses listening on `port` (TCP, IPv4), from /proc/net/tcp."""
+    hosts = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            hosts.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return hosts
+
+
+def test_the_raft_port_listens_on_its_own_address_only(tmp_path: Path) -> None:
+    """pysyncobj listens on every interface unless told; a loopback node must not be reachable
+    from the network, where without a cluster secret anyone could send it commands."""
+    configs = _configs(tmp_path, count=1)
+
+    async def body(stores: list[RaftStore]) -> None:
+        port = int(configs[0].self_address.rsplit(":", 1)[1])
+        assert _listening_hosts(port) == {"127.0.0.1"}
+
+    _run(body, configs)
