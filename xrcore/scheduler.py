@@ -3,7 +3,7 @@
 A pure function of a `Cluster` view (regions with their inventory, prices and round-trip times;
 pending and running tasks; tenants with quotas and preferences) to `Decisions`. The running
 cluster builds the view from the replicated state (`xrcore.placement`); the simulator in
-`bench/scheduler.py` builds it from a trace. Same view, same policy, same decisions.
+`bench/scheduler_sim.py` builds it from a trace. Same view, same policy, same decisions.
 
 One pass, in order:
 1. **Rooms.** Each healthy region's free devices (`xrcore.devices`: whole GPUs, or memory shares
@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from xrcore._clocktext import utc_text
-from xrcore.devices import DeviceLedger
+from xrcore.devices import DeviceLedger, Grant
 
 __all__ = [
     "Assign",
@@ -76,7 +76,9 @@ class SchedulerSettings:
     preemption_min_run_ms: int = 120_000
     # A victim asked to yield has this long to checkpoint and stop before it is ended at once.
     preemption_grace_ms: int = 60_000
-    # Unknown durations are assumed long: a wrong short guess would let backfill delay the head.
+    # An entrypoint with no completed run is assumed to take an hour, longer than most DNN jobs
+    # (Philly's median is tens of minutes), so a wrong short guess rarely lets backfill delay
+    # the head; measured run times replace it after the first completion.
     default_estimate_ms: int = 3_600_000
     # Price and carbon in the score: $1 is worth `ms_per_dollar` of completion time, 1 kg CO2
     # `ms_per_kg_carbon`, each multiplied by the tenant's weight for it.
@@ -287,6 +289,9 @@ class _Room:
     # Devices held for a task that preempted others here (or reserved as the head's).
     held_for: tuple[str, int] | None = None
     uniform: bool = False  # every device the same model and memory
+    # What each task here holds: its devices, or None for a CPU slot. The view does not say
+    # which devices a running task has, so they are reconstructed by the same ledger rules.
+    grants: dict[tuple[str, int], Grant | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         models, memory = set(self.ledger.models), set(self.ledger.memory_mb)
@@ -309,26 +314,84 @@ class _Room:
             shared_mb=dict(self.ledger.shared_mb),
         )
 
-    def fits(self, task: TaskInfo, *, commit: bool = False) -> bool:
+    def trial(self) -> _Room:
+        """A copy to try releases and placements on."""
+        return _Room(
+            region=self.region,
+            ledger=self.copy_ledger(),
+            free_slots=self.free_slots,
+            holders=list(self.holders),
+            grants=dict(self.grants),
+        )
+
+    def fits(self, task: TaskInfo) -> bool:
         if _uses_gpu(task, self.region):
             if task.gpus > self.free_gpus:
                 return False  # The common case in a full cluster; no ledger copy.
-            if task.gpus and not commit and not self.ledger.shared_mb and self.uniform:
+            if task.gpus and not self.ledger.shared_mb and self.uniform:
                 # All devices alike and none shared: counting is enough.
                 model = self.ledger.models[0] if self.ledger.models else None
                 return (task.gpu_model is None or task.gpu_model == model) and (
                     task.gpu_memory_mb <= self.ledger.memory_mb[0]
                 )
-            ledger = self.ledger if commit else self.copy_ledger()
-            grant = ledger.reserve(
+            grant = self.copy_ledger().reserve(
                 gpus=task.gpus, memory_mb=task.gpu_memory_mb, model=task.gpu_model
             )
             return grant is not None
+        return self.free_slots >= 1
+
+    def take(self, task: TaskInfo) -> bool:
+        """Gives `task` what it needs here, if it fits."""
+        if _uses_gpu(task, self.region):
+            grant = self.ledger.reserve(
+                gpus=task.gpus, memory_mb=task.gpu_memory_mb, model=task.gpu_model
+            )
+            if grant is None:
+                return False
+            self.grants[task.ref] = grant
+            return True
         if self.free_slots < 1:
             return False
-        if commit:
-            self.free_slots -= 1
+        self.free_slots -= 1
+        self.grants[task.ref] = None
         return True
+
+    def release(self, task: TaskInfo) -> None:
+        """Frees what `task` holds here (nothing, if it held nothing: the region shrank)."""
+        if task.ref not in self.grants:
+            return
+        grant = self.grants.pop(task.ref)
+        if grant is None:
+            self.free_slots = min(self.region.cpu_slots, self.free_slots + 1)
+        else:
+            self.ledger.release(grant)
+
+    def room_for(self, task: TaskInfo) -> int:
+        """How much of what `task` needs is free here: matching untouched devices (whole-GPU
+        tasks), free memory on the best matching device (shares), or CPU slots."""
+        if not _uses_gpu(task, self.region):
+            return self.free_slots
+        ledger = self.ledger
+        matching = [
+            device
+            for device in range(len(ledger.memory_mb))
+            if device not in ledger.whole
+            and (
+                task.gpu_model is None
+                or not ledger.models
+                or ledger.models[device] == task.gpu_model
+            )
+        ]
+        if task.gpus:
+            return sum(
+                1
+                for device in matching
+                if device not in ledger.shared_mb and ledger.memory_mb[device] >= task.gpu_memory_mb
+            )
+        return max(
+            (ledger.memory_mb[device] - ledger.shared_mb.get(device, 0) for device in matching),
+            default=0,
+        )
 
     def could_ever_fit(self, task: TaskInfo) -> bool:
         """Whether the task fits this region when it is empty."""
@@ -358,8 +421,8 @@ def _rooms(cluster: Cluster, settings: SchedulerSettings) -> dict[str, _Room]:
         if task.state == "pending" or task.region not in rooms:
             continue
         room = rooms[task.region]
-        # A task that no longer fits (the region shrank) still holds what is left.
-        room.fits(task, commit=True)
+        # A task that no longer fits (the region shrank) holds nothing more.
+        room.take(task)
         started = task.started_ms if task.started_ms is not None else cluster.now_ms
         end = started + task.estimate_ms / max(room.region.speed, 1e-6)
         room.holders.append((max(end, float(cluster.now_ms)), task))
@@ -514,33 +577,12 @@ def _earliest_fit(task: TaskInfo, room: _Room, now_ms: int) -> float | None:
     """When `task` is expected to fit `room`, releasing holders in order of estimated end."""
     if room.fits(task):
         return float(now_ms)
-    trial = _Room(region=room.region, ledger=room.copy_ledger(), free_slots=room.free_slots)
+    trial = room.trial()
     for end, holder in room.holders:
-        _release(trial, holder)
+        trial.release(holder)
         if trial.fits(task):
             return end
     return None
-
-
-def _release(room: _Room, task: TaskInfo) -> None:
-    if _uses_gpu(task, room.region):
-        # Rebuild the ledger without this task's devices: the view does not say which devices
-        # it holds, so count by amount (whole devices, or its share of memory).
-        ledger = room.ledger
-        if task.gpus:
-            for device in sorted(ledger.whole)[: task.gpus]:
-                ledger.whole.discard(device)
-        else:
-            for device, used in sorted(ledger.shared_mb.items()):
-                if used >= task.gpu_memory_mb:
-                    left = used - task.gpu_memory_mb
-                    if left:
-                        ledger.shared_mb[device] = left
-                    else:
-                        del ledger.shared_mb[device]
-                    break
-    else:
-        room.free_slots = min(room.region.cpu_slots, room.free_slots + 1)
 
 
 def _order(pending: list[TaskInfo], share: _Share) -> list[list[tuple[str, list[TaskInfo]]]]:
@@ -626,10 +668,11 @@ class _Pass:
         """Tenants of one priority class take turns by weighted dominant share."""
         queues = {name: tasks for name, tasks in tenants}
         positions = dict.fromkeys(queues, 0)
-        heap = [(self.share.dominant(name), name) for name in queues]
+        # Equal shares: the tenant whose next task was submitted first goes first.
+        heap = [(self.share.dominant(name), tasks[0].submitted_ms, name) for name, tasks in tenants]
         heapq.heapify(heap)
         while heap and not self.full():
-            _, name = heapq.heappop(heap)
+            _, _, name = heapq.heappop(heap)
             position = positions[name]
             tasks = queues[name]
             if position >= len(tasks):
@@ -642,7 +685,8 @@ class _Pass:
             elif self._place(task):
                 self.share.add(task)
             if positions[name] < len(tasks):
-                heapq.heappush(heap, (self.share.dominant(name), name))
+                following = tasks[positions[name]].submitted_ms
+                heapq.heappush(heap, (self.share.dominant(name), following, name))
 
     def _place(self, task: TaskInfo) -> bool:
         # Room only shrinks during a pass (preemption holds what it frees), so a task of a shape
@@ -677,7 +721,7 @@ class _Pass:
         for option in options:
             if self._backfill_conflict(task, option):
                 continue
-            option.room.fits(task, commit=True)
+            option.room.take(task)
             end = self.now_ms + option.finish_ms
             option.room.holders.append((end, task))
             option.room.holders.sort(key=lambda item: (item[0], item[1].ref))
@@ -729,16 +773,11 @@ class _Pass:
         if self.now_ms + option.finish_ms <= reservation.start_ms:
             return False
         # It outlasts the reservation: allowed only if the head still fits when it comes.
-        trial = _Room(
-            region=option.room.region,
-            ledger=option.room.copy_ledger(),
-            free_slots=option.room.free_slots,
-            holders=list(option.room.holders),
-        )
-        trial.fits(task, commit=True)
+        trial = option.room.trial()
+        trial.take(task)
         for end, holder in trial.holders:
             if end <= reservation.start_ms:
-                _release(trial, holder)
+                trial.release(holder)
         return not trial.fits(reservation.task)
 
     def _reserve(self, task: TaskInfo, rooms: list[_Room]) -> None:
@@ -770,9 +809,9 @@ class _Pass:
             ]
             if not leaving:
                 continue
-            trial = _Room(region=room.region, ledger=room.copy_ledger(), free_slots=room.free_slots)
+            trial = room.trial()
             for holder in leaving:
-                _release(trial, holder)
+                trial.release(holder)
             if trial.fits(task):
                 room.held_for = task.ref
                 self.wait(
@@ -785,7 +824,9 @@ class _Pass:
 
     def _preempt_for(self, task: TaskInfo, rooms: list[_Room]) -> bool:
         """Ends lower-priority running tasks in one region to make room for `task`."""
-        budget = self.settings.preemptions_max - len(self.decisions.preempts)
+        # Forced ends of victims that did not yield in time do not use up the budget.
+        asked = sum(not item.force for item in self.decisions.preempts)
+        budget = self.settings.preemptions_max - asked
         if budget <= 0:
             return False
         best: tuple[float, str, list[TaskInfo]] | None = None
@@ -806,7 +847,7 @@ class _Pass:
             assert victim.token is not None
             self.preempted.add(victim.ref)
             room.holders = [item for item in room.holders if item[1].ref != victim.ref]
-            _release(room, victim)
+            room.release(victim)
             self.decisions.preempts.append(
                 Preempt(
                     job_id=victim.job_id,
@@ -845,19 +886,28 @@ class _Pass:
         candidates.sort(
             key=lambda holder: (holder.priority, self._lost_work_ms(holder), holder.ref)
         )
-        trial = _Room(region=room.region, ledger=room.copy_ledger(), free_slots=room.free_slots)
+        trial = room.trial()
         chosen: list[TaskInfo] = []
         for holder in candidates:
+            # Only victims whose room `task` can use: a CPU task does not free GPUs, nor a
+            # V100 task an A100.
+            probe = trial.trial()
+            probe.release(holder)
+            if probe.room_for(task) <= trial.room_for(task):
+                continue
             if len(chosen) >= budget:
                 return None
-            _release(trial, holder)
+            trial = probe
             chosen.append(holder)
             if trial.fits(task):
                 return chosen
         return None
 
     def _lost_work_ms(self, task: TaskInfo) -> float:
-        since = task.checkpointed_ms if task.checkpointed_ms is not None else task.started_ms
+        """Work a victim loses if ended now: since its last checkpoint, or since its attempt
+        started if that checkpoint is older (an earlier attempt's)."""
+        moments = [time for time in (task.checkpointed_ms, task.started_ms) if time is not None]
+        since = max(moments) if moments else None
         gpus = max(task.gpu_units, 1.0)
         return float(max(self.now_ms - (since or self.now_ms), 0)) * gpus
 

@@ -1,0 +1,1 @@
+"""Tests of the benchmarks' own machinery (the scheduling simulator and its trace)."""

@@ -1,0 +1,645 @@
+"""The scheduling policy, one test per rule of `xrcore.scheduler`'s docstring, then one scenario
+per feature (preemption, backfill, gang, fairness, data locality, failure of a region) run in the
+simulator of `bench/scheduler_sim.py`.
+
+Rules: rooms (health, running tasks hold their devices, CPU slots, shared GPU memory), order
+(priority, weighted dominant share, submission order, quotas), choice (fit, allow and deny, gang,
+finish time, data, price and carbon, preference, a lost lease, array siblings), reservation and
+backfill, preemption, and a reason for every decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from bench.scheduler import fifo_first_fit
+from bench.scheduler_sim import SimSettings, simulate
+from bench.scheduler_trace import HOUR_MS, MINUTE_MS, Outage, Trace, TraceJob
+from xrcore.scheduler import (
+    Cluster,
+    Decisions,
+    GpuInfo,
+    RegionInfo,
+    SchedulerSettings,
+    TaskInfo,
+    TenantInfo,
+    schedule,
+    transfer_ms,
+)
+
+NOW_MS = 10 * HOUR_MS
+
+
+def region(
+    name: str,
+    gpus: int = 0,
+    *,
+    model: str = "A100",
+    memory_mb: int = 81_920,
+    slots: int = 0,
+    speed: float = 1.0,
+    price: float = 0.0,
+    carbon: float = 0.0,
+    rtt_ms: dict[str, float] | None = None,
+    healthy: bool = True,
+) -> RegionInfo:
+    return RegionInfo(
+        name=name,
+        healthy=healthy,
+        gpus=tuple(GpuInfo(model=model, memory_mb=memory_mb) for _ in range(gpus)),
+        cpu_slots=slots,
+        price_per_gpu_hour=price,
+        carbon_g_per_kwh=carbon,
+        speed=speed,
+        rtt_ms=rtt_ms or {},
+    )
+
+
+def task(job_id: str, index: int = 0, **fields: Any) -> TaskInfo:
+    fields.setdefault("gpus", 1)
+    fields.setdefault("estimate_ms", HOUR_MS)
+    return TaskInfo(job_id=job_id, task_index=index, **fields)
+
+
+def running(job_id: str, where: str, *, started_ms: int = 0, **fields: Any) -> TaskInfo:
+    fields.setdefault("token", 1)
+    return task(job_id, state="running", region=where, started_ms=started_ms, **fields)
+
+
+def run(
+    regions: list[RegionInfo],
+    tasks: list[TaskInfo],
+    tenants: dict[str, TenantInfo] | None = None,
+    settings: SchedulerSettings | None = None,
+) -> Decisions:
+    cluster = Cluster(
+        now_ms=NOW_MS, regions=tuple(regions), tasks=tuple(tasks), tenants=tenants or {}
+    )
+    return schedule(cluster, settings)
+
+
+def placed(decisions: Decisions) -> dict[str, str]:
+    """job_id[index] -> region."""
+    return {f"{item.job_id}[{item.task_index}]": item.region for item in decisions.assigns}
+
+
+def order(decisions: Decisions) -> list[str]:
+    return [item.job_id for item in decisions.assigns]
+
+
+# Rooms.
+
+
+def test_rooms__an_unhealthy_region_gets_nothing() -> None:
+    decisions = run([region("a", 4, healthy=False), region("b", 4)], [task("j")])
+    assert placed(decisions) == {"j[0]": "b"}
+
+
+def test_rooms__running_and_assigned_tasks_hold_their_devices() -> None:
+    decisions = run(
+        [region("a", 2)],
+        [
+            running("r", "a"),
+            task("s", state="assigned", region="a"),
+            task("j"),
+        ],
+    )
+    assert placed(decisions) == {}
+    assert "j" in {ref[0] for ref in decisions.waiting}
+
+
+def test_rooms__a_region_without_gpus_runs_tasks_in_cpu_slots() -> None:
+    decisions = run([region("cpu", slots=2)], [task("a", gpus=0), task("b", gpus=0), task("c")])
+    # Without GPUs every task takes a slot, the GPU task included; the third waits for a slot.
+    assert len(decisions.assigns) == 2
+
+
+def test_rooms__shared_gpu_memory_packs_tasks_onto_one_device() -> None:
+    tasks = [task(f"s{n}", gpus=0, gpu_memory_mb=20_000) for n in range(4)]
+    decisions = run([region("a", 1, memory_mb=81_920)], tasks)
+    assert len(decisions.assigns) == 4
+    decisions = run(
+        [region("a", 1, memory_mb=81_920)], [*tasks, task("s4", gpus=0, gpu_memory_mb=5_000)]
+    )
+    assert len(decisions.assigns) == 4  # 80 GB of one device: four shares of 20 GB, no fifth
+
+
+def test_rooms__an_assigned_task_in_a_dead_region_is_taken_back() -> None:
+    decisions = run(
+        [region("a", 2, healthy=False), region("b", 2)],
+        [task("j", state="assigned", region="a")],
+    )
+    assert [(item.job_id, item.task_index) for item in decisions.unassigns] == [("j", 0)]
+    assert "unhealthy" in decisions.unassigns[0].reason
+
+
+# Order.
+
+
+def test_order__higher_priority_first() -> None:
+    decisions = run(
+        [region("a", 1)], [task("low", submitted_ms=0), task("high", priority=5, submitted_ms=9)]
+    )
+    assert order(decisions) == ["high"]
+
+
+def test_order__tenants_take_turns_by_weighted_dominant_share() -> None:
+    # Tenant x already holds 2 of 4 GPUs; y holds none: y goes first, then they alternate.
+    tasks = [
+        running("held", "a", tenant="x", gpus=2),
+        task("x1", tenant="x", submitted_ms=0),
+        task("y1", tenant="y", submitted_ms=5),
+        task("x2", tenant="x", submitted_ms=1),
+        task("y2", tenant="y", submitted_ms=6),
+    ]
+    decisions = run([region("a", 4), region("b", 4)], tasks)
+    assert order(decisions)[:3] == ["y1", "y2", "x1"]
+
+
+def test_order__weights_scale_the_share() -> None:
+    # x holds 2 GPUs at weight 4 (share 0.5/4), y holds 1 at weight 1 (0.25): x goes first.
+    tasks = [
+        running("hx", "a", tenant="x", gpus=2),
+        running("hy", "a", tenant="y", gpus=1, token=2),
+        task("x1", tenant="x", submitted_ms=5),
+        task("y1", tenant="y", submitted_ms=0),
+    ]
+    tenants = {"x": TenantInfo(name="x", weight=4.0), "y": TenantInfo(name="y")}
+    decisions = run([region("a", 4)], tasks, tenants)
+    assert order(decisions) == ["x1"]
+
+
+def test_order__a_tenants_tasks_go_in_submission_order() -> None:
+    tasks = [task("late", submitted_ms=20), task("early", submitted_ms=10)]
+    assert order(run([region("a", 1)], tasks)) == ["early"]
+
+
+def test_order__a_tenant_at_its_gpu_quota_waits_and_says_so() -> None:
+    tasks = [
+        running("held", "a", tenant="x", gpus=3),
+        task("x1", tenant="x"),
+        task("y1", tenant="y"),
+    ]
+    tenants = {"x": TenantInfo(name="x", gpus_max=3)}
+    decisions = run([region("a", 8)], tasks, tenants)
+    assert order(decisions) == ["y1"]
+    assert "quota of 3 GPUs" in decisions.waiting[("x1", 0)]
+
+
+def test_order__a_tenant_at_its_task_quota_waits() -> None:
+    tasks = [task("x1", tenant="x"), task("x2", tenant="x", submitted_ms=1)]
+    decisions = run([region("a", 8)], tasks, {"x": TenantInfo(name="x", tasks_max=1)})
+    assert order(decisions) == ["x1"]
+    assert "its quota" in decisions.waiting[("x2", 0)]
+
+
+def test_order__ineligible_tasks_wait_with_their_reason() -> None:
+    decisions = run([region("a", 1)], [task("j", eligible=False, waiting="backing off")])
+    assert decisions.waiting == {("j", 0): "backing off"}
+
+
+# Choice.
+
+
+def test_choice__gpu_count_model_and_memory_must_fit() -> None:
+    regions = [
+        region("small", 2, model="V100", memory_mb=16_384),
+        region("big", 8, model="A100", memory_mb=81_920),
+    ]
+    decisions = run(
+        regions,
+        [
+            task("four", gpus=4),
+            task("model", gpus=1, gpu_model="A100"),
+            task("memory", gpus=1, gpu_memory_mb=40_000),
+        ],
+    )
+    assert set(placed(decisions).values()) == {"big"}
+
+
+def test_choice__allow_and_deny_lists() -> None:
+    regions = [region("a", 4), region("b", 4), region("c", 4)]
+    decisions = run(
+        regions,
+        [task("allow", regions_allow=("c",)), task("deny", regions_deny=("a", "b"))],
+    )
+    assert placed(decisions) == {"allow[0]": "c", "deny[0]": "c"}
+
+
+def test_choice__gang__all_gpus_of_a_task_in_one_region() -> None:
+    # 4 + 4 free GPUs in two regions do not make room for one 8-GPU task.
+    decisions = run([region("a", 4), region("b", 4)], [task("gang", gpus=8)])
+    assert placed(decisions) == {}
+    assert "largest: 4" in decisions.waiting[("gang", 0)]
+
+
+def test_choice__the_faster_region_for_the_same_price() -> None:
+    decisions = run([region("slow", 4, speed=1.0), region("fast", 4, speed=2.0)], [task("j")])
+    assert placed(decisions) == {"j[0]": "fast"}
+
+
+def test_choice__data_locality__the_input_stays_where_it_lives() -> None:
+    rtt = {"far": 250.0}
+    regions = [region("home", 4, rtt_ms=rtt), region("far", 4, speed=1.05, rtt_ms={"home": 250.0})]
+    # 200 GB over a 250 ms path takes about an hour: more than 5% of a 1-hour run.
+    decisions = run(regions, [task("j", input_size_mb=200_000, input_region="home")])
+    assert placed(decisions) == {"j[0]": "home"}
+    # Without the data the slightly faster region wins.
+    assert placed(run(regions, [task("j")])) == {"j[0]": "far"}
+
+
+def test_choice__a_checkpoint_counts_like_input_data() -> None:
+    regions = [region("a", 4, rtt_ms={"b": 200.0}), region("b", 4, speed=1.05)]
+    decisions = run(regions, [task("j", checkpoint_size_mb=200_000, checkpoint_region="a")])
+    assert placed(decisions) == {"j[0]": "a"}
+
+
+def test_choice__price_and_carbon_break_near_ties_at_the_tenants_weights() -> None:
+    regions = [region("dear", 4, price=8.0), region("cheap", 4, price=1.0)]
+    assert placed(run(regions, [task("j")])) == {"j[0]": "cheap"}
+    regions = [region("dirty", 4, carbon=800.0), region("clean", 4, carbon=20.0)]
+    assert placed(run(regions, [task("j")])) == {"j[0]": "clean"}
+    # A tenant that ignores carbon takes the (alphabetically first) equal region.
+    tenants = {"t": TenantInfo(name="t", carbon_weight=0.0)}
+    assert placed(run(regions, [task("j", tenant="t")], tenants)) == {"j[0]": "clean"}
+    regions = [region("a-dirty", 4, carbon=800.0), region("b-clean", 4, carbon=20.0)]
+    assert placed(run(regions, [task("j", tenant="t")], tenants)) == {"j[0]": "a-dirty"}
+
+
+def test_choice__a_preferred_region_wins_over_any_other_that_fits() -> None:
+    regions = [region("fast", 4, speed=4.0), region("slow", 4, speed=1.0, price=9.0)]
+    decisions = run(regions, [task("j", regions_prefer=("slow",))])
+    assert placed(decisions) == {"j[0]": "slow"}
+
+
+def test_choice__a_lost_lease_avoids_its_region_while_another_fits() -> None:
+    regions = [region("best", 4, speed=2.0), region("other", 4)]
+    assert placed(run(regions, [task("j", avoid_region="best")])) == {"j[0]": "other"}
+    # The only region that fits is used all the same.
+    assert placed(run([region("best", 4)], [task("j", avoid_region="best")])) == {"j[0]": "best"}
+
+
+def test_choice__array_siblings_fill_the_fastest_region_first() -> None:
+    regions = [region("fast", 2, speed=2.0), region("slow", 4, speed=1.0)]
+    decisions = run(regions, [task("arr", index) for index in range(4)])
+    assert sorted(placed(decisions).items()) == [
+        ("arr[0]", "fast"),
+        ("arr[1]", "fast"),
+        ("arr[2]", "slow"),
+        ("arr[3]", "slow"),
+    ]
+
+
+def test_choice__best_fit_keeps_a_whole_region_free_for_a_large_task() -> None:
+    # Same speed and price: the 1-GPU task goes where it leaves fewer devices idle.
+    regions = [region("a", 8), region("b", 8)]
+    tasks = [running("r", "b", gpus=6), task("small")]
+    assert placed(run(regions, tasks)) == {"small[0]": "b"}
+
+
+def test_choice__every_assignment_says_why_and_names_the_runner_up() -> None:
+    decisions = run([region("a", 4, speed=2.0), region("b", 4)], [task("j")])
+    reason = decisions.assigns[0].reason
+    assert reason.startswith("a: est. finish in 30.0 min")
+    assert "next best b" in reason
+
+
+# Reservation and backfill.
+
+
+def _full_region_with_head() -> tuple[list[RegionInfo], list[TaskInfo]]:
+    # 4 GPUs: 3 held until +1 h (estimates from started_ms), 1 free; the head needs 4.
+    regions = [region("a", 4)]
+    tasks = [
+        running("r", "a", gpus=3, started_ms=NOW_MS, estimate_ms=HOUR_MS),
+        task("head", gpus=4, submitted_ms=0),
+    ]
+    return regions, tasks
+
+
+def test_reservation__the_head_reserves_where_it_fits_soonest() -> None:
+    regions, tasks = _full_region_with_head()
+    decisions = run(regions, tasks)
+    assert "reserved a" in decisions.waiting[("head", 0)]
+
+
+def test_backfill__a_short_task_runs_before_the_reservation() -> None:
+    regions, tasks = _full_region_with_head()
+    decisions = run(regions, [*tasks, task("short", submitted_ms=1, estimate_ms=30 * MINUTE_MS)])
+    assert placed(decisions) == {"short[0]": "a"}
+
+
+def test_backfill__a_long_task_that_would_delay_the_head_waits() -> None:
+    regions, tasks = _full_region_with_head()
+    decisions = run(regions, [*tasks, task("long", submitted_ms=1, estimate_ms=2 * HOUR_MS)])
+    assert placed(decisions) == {}
+    assert "would delay head[0]" in decisions.waiting[("long", 0)]
+
+
+def test_backfill__a_long_task_that_leaves_the_heads_devices_free_runs() -> None:
+    regions = [region("a", 8)]
+    tasks = [
+        running("r", "a", gpus=6, started_ms=NOW_MS, estimate_ms=HOUR_MS),
+        task("head", gpus=6, submitted_ms=0),
+        task("long", submitted_ms=1, estimate_ms=10 * HOUR_MS),
+    ]
+    # When r ends, 8 - 1 (long) = 7 >= 6: the head is not delayed.
+    assert placed(run(regions, tasks)) == {"long[0]": "a"}
+
+
+# Preemption.
+
+
+def _preemption_case(**fields: Any) -> tuple[list[RegionInfo], list[TaskInfo]]:
+    regions = [region("a", 2)]
+    tasks = [
+        running("low1", "a", token=11, started_ms=0, checkpointed_ms=NOW_MS - 10 * MINUTE_MS),
+        running("low2", "a", token=12, started_ms=0, checkpointed_ms=NOW_MS - 50 * MINUTE_MS),
+        task("high", priority=1, **fields),
+    ]
+    return regions, tasks
+
+
+def test_preemption__the_task_losing_least_work_makes_way() -> None:
+    regions, tasks = _preemption_case()
+    decisions = run(regions, tasks)
+    assert [(item.job_id, item.token) for item in decisions.preempts] == [("low1", 11)]
+    assert "preempting 1 lower-priority task(s) in a" in decisions.waiting[("high", 0)]
+
+
+def test_preemption__never_equal_or_higher_priority() -> None:
+    regions, tasks = _preemption_case()
+    tasks[-1] = replace(tasks[-1], priority=0)
+    assert run(regions, tasks).preempts == []
+
+
+def test_preemption__only_after_the_minimum_run_time() -> None:
+    regions = [region("a", 1)]
+    tasks = [running("fresh", "a", started_ms=NOW_MS - 60_000), task("high", priority=1)]
+    assert run(regions, tasks).preempts == []
+
+
+def test_preemption__at_most_preemptions_max_per_pass() -> None:
+    regions = [region("a", 8)]
+    tasks = [running(f"low{n}", "a", token=n + 1) for n in range(8)]
+    tasks.append(task("big", gpus=8, priority=1))
+    assert run(regions, tasks).preempts == []  # needs 8 victims, the budget is 4
+    settings = SchedulerSettings(preemptions_max=8)
+    assert len(run(regions, tasks, settings=settings).preempts) == 8
+
+
+def test_preemption__the_freed_devices_are_held_for_the_preemptor() -> None:
+    regions, tasks = _preemption_case()
+    # A lower-priority task later in the pass must not take what the preemption freed.
+    decisions = run(regions, [*tasks, task("other", submitted_ms=99)])
+    assert placed(decisions) == {}
+
+
+def test_preemption__only_tasks_whose_release_helps_are_preempted() -> None:
+    regions = [region("a", 1, slots=1)]
+    tasks = [
+        # A CPU-slot task that checkpointed a minute ago sorts first (least lost work).
+        running("cpu", "a", gpus=0, token=1, checkpointed_ms=NOW_MS - MINUTE_MS),
+        running("gpu", "a", gpus=1, token=2, checkpointed_ms=NOW_MS - 20 * MINUTE_MS),
+        task("high", gpus=1, priority=1),
+    ]
+    assert [item.job_id for item in run(regions, tasks).preempts] == ["gpu"]
+
+
+def test_preemption__lost_work_counts_from_this_attempts_start() -> None:
+    regions = [region("a", 2)]
+    tasks = [
+        # Restarted an hour ago from a checkpoint written 9 hours ago: loses 1 hour.
+        running("restarted", "a", token=1, started_ms=NOW_MS - HOUR_MS, checkpointed_ms=HOUR_MS),
+        # Running for 10 hours, checkpointed 2 hours ago: loses 2 hours.
+        running("steady", "a", token=2, started_ms=0, checkpointed_ms=NOW_MS - 2 * HOUR_MS),
+        task("high", priority=1),
+    ]
+    assert [item.job_id for item in run(regions, tasks).preempts] == ["restarted"]
+
+
+def test_preemption__in_a_mixed_region_the_victim_frees_the_right_model() -> None:
+    mixed = RegionInfo(
+        name="a",
+        gpus=(GpuInfo(model="A100", memory_mb=81_920),) * 2
+        + (GpuInfo(model="V100", memory_mb=32_768),) * 2,
+    )
+    tasks = [
+        running(
+            "a100-low", "a", gpus=2, gpu_model="A100", token=1, checkpointed_ms=NOW_MS - HOUR_MS
+        ),
+        running(
+            "v100-low", "a", gpus=2, gpu_model="V100", token=2, checkpointed_ms=NOW_MS - MINUTE_MS
+        ),
+        task("high", gpus=2, gpu_model="A100", priority=1),
+    ]
+    assert [item.job_id for item in run([mixed], tasks).preempts] == ["a100-low"]
+
+
+# Reasons.
+
+
+def test_every_waiting_task_has_a_reason() -> None:
+    regions = [region("a", 2), region("b", 1, healthy=False)]
+    tasks = [
+        task("fits"),
+        task("fits2", submitted_ms=1),
+        task("no-room", submitted_ms=2),
+        task("never", gpus=16, submitted_ms=3),
+        task("nowhere", regions_allow=("b",), submitted_ms=4),
+    ]
+    decisions = run(regions, tasks)
+    assert set(placed(decisions)) == {"fits[0]", "fits2[0]"}
+    assert set(decisions.waiting) == {("no-room", 0), ("never", 0), ("nowhere", 0)}
+    assert "no healthy region that the job allows" in decisions.waiting[("nowhere", 0)]
+    assert all(decisions.waiting.values())
+
+
+def test_the_pass_is_deterministic_and_bounded_by_decisions_max() -> None:
+    regions = [region(f"r{n}", 8, speed=1 + n / 10) for n in range(5)]
+    tasks = [task(f"j{n:03d}", submitted_ms=n) for n in range(60)]
+    settings = SchedulerSettings(decisions_max=10)
+    first = run(regions, tasks, settings=settings)
+    assert len(first.assigns) == 10
+    assert first == run(regions, tasks, settings=settings)
+
+
+def test_transfer_time_grows_with_size_and_round_trip() -> None:
+    regions = {"a": region("a", rtt_ms={"b": 10.0, "c": 250.0}), "b": region("b"), "c": region("c")}
+    settings = SchedulerSettings()
+    near = transfer_ms(10_000, "a", "b", regions, settings)
+    far = transfer_ms(10_000, "a", "c", regions, settings)
+    assert 0 < near < far
+    assert transfer_ms(10_000, "a", "a", regions, settings) == 0.0
+    # One TCP window per round trip: 16 MiB per 250 ms is 512 Mbit/s, so 10 GB take ~164 s.
+    assert 160_000 < far < 170_000
+
+
+# Scenarios in the simulator: one per feature, a few jobs each.
+
+
+def _job(job_id: str, **fields: object) -> TraceJob:
+    values: dict[str, object] = {
+        "job_id": job_id,
+        "tenant": "t",
+        "entrypoint": job_id,
+        "submitted_ms": 0,
+        "priority": 0,
+        "gpus": 1,
+        "gpu_memory_mb": 0,
+        "regions_allow": (),
+        "input_size_mb": 0,
+        "input_region": "a",
+        "checkpoint_size_mb": 0,
+        "work_ms": (HOUR_MS,),
+    }
+    values.update(fields)
+    return TraceJob(**values)  # type: ignore[arg-type]
+
+
+def _trace(
+    regions: list[RegionInfo],
+    jobs: list[TraceJob],
+    *,
+    outages: tuple[Outage, ...] = (),
+    tenants: dict[str, TenantInfo] | None = None,
+) -> Trace:
+    return Trace(
+        seed=0,
+        regions=tuple(regions),
+        tenants=tenants or {},
+        jobs=tuple(jobs),
+        outages=outages,
+        hours=24.0,
+        load=1.0,
+    )
+
+
+def _simulate(trace: Trace) -> dict[str, int]:
+    result = simulate(trace, schedule, name="xr", settings=SimSettings())
+    assert result.violations == []
+    assert result.unfinished == []
+    return result.completion_ms
+
+
+def _displacement_trace() -> Trace:
+    return _trace(
+        [region("a", 1)],
+        [
+            _job("batch", work_ms=(10 * HOUR_MS,)),
+            _job("prod", priority=1, submitted_ms=3 * HOUR_MS + 10 * MINUTE_MS),
+        ],
+    )
+
+
+def test_scenario__preemption__production_work_displaces_a_batch_job_that_yields() -> None:
+    result = simulate(_displacement_trace(), schedule, name="xr")
+    assert result.preemptions == 1 and result.violations == []
+    # batch is asked to yield, checkpoints and stops 30 s later (the simulator's `yield_ms`),
+    # losing nothing; prod starts then, and batch resumes after it.
+    assert result.completion_ms["prod"] == HOUR_MS + 30_000
+    assert result.completion_ms["batch"] == 11 * HOUR_MS
+    assert result.lost_work_gpu_ms == 0
+
+
+def test_scenario__preemption__a_victim_that_does_not_yield_is_ended_after_the_grace() -> None:
+    trace = _displacement_trace()
+    result = simulate(trace, schedule, name="xr", settings=SimSettings(yield_ms=None))
+    grace_ms = SchedulerSettings().preemption_grace_ms
+    # Ended at once after the grace: the 10 minutes since its last checkpoint (every 30 minutes)
+    # plus the grace are lost.
+    assert result.lost_work_gpu_ms == 10 * MINUTE_MS + grace_ms
+    assert HOUR_MS + grace_ms <= result.completion_ms["prod"] <= HOUR_MS + grace_ms + MINUTE_MS
+    assert result.completion_ms["batch"] >= 11 * HOUR_MS + 10 * MINUTE_MS + grace_ms
+
+
+def test_scenario__backfill__short_jobs_run_in_the_gap_before_a_large_one() -> None:
+    jobs = [
+        _job("first", gpus=2, work_ms=(2 * HOUR_MS,)),
+        # A first run of the short kind teaches its estimate (10 min + 2 x 5 min deviation).
+        _job("probe", entrypoint="small", work_ms=(10 * MINUTE_MS,)),
+        _job("wide", gpus=4, submitted_ms=15 * MINUTE_MS),
+        *[
+            _job(
+                f"small{n}",
+                entrypoint="small",
+                submitted_ms=16 * MINUTE_MS + n,
+                work_ms=(10 * MINUTE_MS,),
+            )
+            for n in range(3)
+        ],
+    ]
+    trace = _trace([region("a", 4)], jobs)
+    completion = _simulate(trace)
+    # `wide` reserves the region for when `first` is expected to end (the default estimate of
+    # an hour); the small jobs finish before that, so they run in the gap.
+    assert all(completion[f"small{n}"] <= 30 * MINUTE_MS for n in range(3))
+    assert completion["wide"] == 3 * HOUR_MS - 15 * MINUTE_MS
+    # FIFO first-fit holds them behind `wide` (head-of-line blocking).
+    fifo = simulate(trace, fifo_first_fit, name="fifo").completion_ms
+    assert all(fifo[f"small{n}"] > 2 * HOUR_MS for n in range(3))
+
+
+def test_scenario__gang__a_wide_job_waits_for_one_region_with_all_its_gpus() -> None:
+    trace = _trace(
+        [region("a", 4), region("b", 8)],
+        [
+            _job("holder", gpus=4, work_ms=(HOUR_MS,)),
+            _job("wide", gpus=8, submitted_ms=1, work_ms=(HOUR_MS,)),
+            _job("wide2", gpus=8, submitted_ms=2, work_ms=(HOUR_MS,)),
+        ],
+    )
+    result = simulate(trace, schedule, name="xr")
+    assert result.violations == [] and result.unfinished == []
+    # holder takes a (best fit), wide takes b at once; wide2 waits for b, never split.
+    assert result.last_region == {"holder": "a", "wide": "b", "wide2": "b"}
+    assert result.completion_ms["wide"] == HOUR_MS
+    assert result.completion_ms["wide2"] == pytest.approx(2 * HOUR_MS, abs=1_000)
+
+
+def test_scenario__fairness__a_light_tenant_is_not_stuck_behind_a_heavy_one() -> None:
+    heavy = [_job(f"h{n}", tenant="heavy", submitted_ms=n) for n in range(12)]
+    light = [_job(f"l{n}", tenant="light", submitted_ms=100 + n) for n in range(2)]
+    trace = _trace([region("a", 2)], heavy + light)
+    completion = _simulate(trace)
+    # At each completion the tenants take turns by share: light runs in the second and third
+    # hours; FIFO first-fit runs it after all six hours of heavy work.
+    assert max(completion["l0"], completion["l1"]) <= 3 * HOUR_MS
+    fifo = simulate(trace, fifo_first_fit, name="fifo").completion_ms
+    assert min(fifo["l0"], fifo["l1"]) >= 6 * HOUR_MS
+
+
+def test_scenario__data_locality__jobs_run_where_their_data_lives() -> None:
+    rtt = {"a": 250.0, "b": 250.0}
+    regions = [
+        region("a", 2, rtt_ms={"b": 250.0, "c": 250.0}),
+        region("b", 2, rtt_ms={"c": 250.0}),
+        region("c", 2, rtt_ms=rtt),
+    ]
+    jobs = [
+        _job(f"{home}{n}", input_region=home, input_size_mb=100_000, submitted_ms=n)
+        for home in ("a", "b", "c")
+        for n in range(2)
+    ]
+    result = simulate(_trace(regions, jobs), schedule, name="xr")
+    assert result.last_region == {job.job_id: job.input_region for job in jobs}
+    assert all(value == HOUR_MS for value in result.completion_ms.values())
+
+
+def test_scenario__failure_of_a_region__its_tasks_resume_elsewhere_from_checkpoints() -> None:
+    trace = _trace(
+        [region("a", 2, speed=2.0), region("b", 2)],
+        [_job(f"j{n}", work_ms=(4 * HOUR_MS,), checkpoint_size_mb=1_000) for n in range(2)],
+        outages=(Outage(region="a", start_ms=HOUR_MS + 10 * MINUTE_MS, end_ms=10 * HOUR_MS),),
+    )
+    result = simulate(trace, schedule, name="xr")
+    assert result.violations == [] and result.unfinished == []
+    # In a at speed 2 until it fails: 1 h of checkpoints (2 h of work) kept, 10 min lost; the
+    # other 2 h of work run in b at speed 1, after moving the checkpoint.
+    assert set(result.last_region.values()) == {"b"}
+    for completion_ms in result.completion_ms.values():
+        assert 3 * HOUR_MS + 10 * MINUTE_MS <= completion_ms <= 3 * HOUR_MS + 12 * MINUTE_MS
+    assert result.lost_work_gpu_ms == pytest.approx(2 * 2 * 10 * MINUTE_MS)
