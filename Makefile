@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint typecheck unit bench bench-api ui-deps clean
+.PHONY: demo test test-slow lint typecheck unit bench bench-api ui-deps docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ unit: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow -q
+
+# Rewrite the references generated from the code (their tests fail when they are out of date).
+docs: $(STAMP)
+	$(BIN)/python docs/gen_api_reference.py
+	$(BIN)/python docs/gen_client_reference.py
+	$(BIN)/python docs/gen_metrics.py
 
 # Every benchmark in bench/ within 20 minutes; writes bench/results/summary.md.
 bench: $(STAMP)

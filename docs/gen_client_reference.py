@@ -1,0 +1,238 @@
+"""Writes docs/client.md, the reference of the Python client (`xrcore.client`), from its code.
+
+Signatures come from `inspect.signature` of the blocking `Client` and its groups; a method's
+text is its docstring, or, where the blocking method has none, the docstring of the same method
+of the asyncio class it wraps (`Kv.put` wraps `AsyncKv.put`). Returned values are listed with
+their fields.
+
+    python docs/gen_client_reference.py           # rewrite docs/client.md
+    python docs/gen_client_reference.py --check   # exit 1 when docs/client.md is out of date
+
+`tests/test_docs_generated.py` runs the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+import xrcore.client as client_package
+from xrcore.client import AsyncClient, Client
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+OUTPUT = REPOSITORY / "docs" / "client.md"
+# The groups of a client, in the order the package docstring lists them, with the asyncio class
+# each blocking class wraps.
+GROUPS: tuple[tuple[str, type, type], ...] = (
+    ("kv", client_package.Kv, client_package.AsyncKv),
+    ("sessions", client_package.Sessions, client_package.AsyncSessions),
+    ("locks", client_package.Locks, client_package.AsyncLocks),
+    ("jobs", client_package.Jobs, client_package.AsyncJobs),
+    ("regions", client_package.Regions, client_package.AsyncRegions),
+    ("tenants", client_package.Tenants, client_package.AsyncTenants),
+    ("cluster", client_package.Cluster, client_package.AsyncCluster),
+)
+# Classes the methods hand back besides the value structs: held sessions and locks, streams.
+HELPERS: tuple[type, ...] = (
+    client_package.KeptSession,
+    client_package.Lease,
+    client_package.Stream,
+)
+ERRORS: tuple[type, ...] = (
+    client_package.LockLost,
+    client_package.LockNotGranted,
+    client_package.SessionLost,
+)
+
+
+def _doc(*candidates: object) -> str:
+    """The first docstring among `candidates`, dedented; empty if none has one."""
+    for candidate in candidates:
+        text = getattr(candidate, "__doc__", None)
+        if text:
+            return inspect.cleandoc(text)
+    return ""
+
+
+class _Annotation:
+    """An annotation shown as the text written in the source, without quotes."""
+
+    def __init__(self, text: object) -> None:
+        self.text = text if isinstance(text, str) else inspect.formatannotation(text)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _plain(annotation: object) -> object:
+    return annotation if annotation is inspect.Parameter.empty else _Annotation(annotation)
+
+
+def _signature(function: Callable[..., Any]) -> str:
+    signature = inspect.signature(function)
+    parameters = [
+        parameter.replace(annotation=_plain(parameter.annotation))
+        for name, parameter in signature.parameters.items()
+        if name != "self"
+    ]
+    return str(
+        signature.replace(
+            parameters=parameters, return_annotation=_plain(signature.return_annotation)
+        )
+    )
+
+
+def _public_members(kind: type) -> list[tuple[str, Any]]:
+    """Public methods and properties defined on `kind` itself, in source order."""
+    members = []
+    for name, member in vars(kind).items():
+        if name.startswith("_") and name != "__init__":
+            continue
+        if inspect.isfunction(member) or isinstance(member, property):
+            members.append((name, member))
+    return members
+
+
+def _member(prefix: str, name: str, member: Any, fallback: type | None) -> list[str]:
+    counterpart = getattr(fallback, name, None) if fallback is not None else None
+    if isinstance(member, property):
+        returns = inspect.signature(member.fget).return_annotation if member.fget else ""
+        lines = [f"#### `{prefix}.{name}` (property): `{returns}`", ""]
+        text = _doc(member.fget, counterpart.fget if isinstance(counterpart, property) else None)
+    else:
+        lines = [f"#### `{prefix}.{name}{_signature(member)}`", ""]
+        text = _doc(member, counterpart)
+    if text:
+        lines += [text, ""]
+    return lines
+
+
+def _struct_fields(kind: type) -> list[tuple[str, str]]:
+    annotations: dict[str, str] = {}
+    for base in reversed(kind.__mro__):
+        annotations.update(getattr(base, "__annotations__", {}))
+    return [(name, str(annotations.get(name, ""))) for name in kind.__struct_fields__]  # type: ignore[attr-defined]
+
+
+def _models() -> list[type]:
+    found = []
+    for name in client_package.__all__:
+        value = getattr(client_package, name)
+        if isinstance(value, type) and issubclass(value, msgspec.Struct):
+            found.append(value)
+    return sorted(found, key=lambda kind: kind.__name__)
+
+
+def render() -> str:
+    lines = [
+        "# Python client reference",
+        "",
+        "<!-- Generated by docs/gen_client_reference.py from xrcore/client; "
+        "do not edit by hand. -->",
+        "",
+        "`xrcore.client` is installed with xr. `Client` blocks; `AsyncClient` has the same "
+        "groups and methods, each a coroutine (`await client.kv.get(...)`), and its `session` and "
+        "`lock` are `async with` blocks. Signatures below are the blocking ones. What each call "
+        "guarantees (linearizable writes and reads, `stale` reads, exactly-once retries) is in "
+        "[concepts](concepts.md); the HTTP calls behind them are in the [API reference](api.md).",
+        "",
+        "```python",
+        "from xrcore.client import Client",
+        "",
+        'with Client(["http://127.0.0.1:8700", "http://127.0.0.1:8701"], token=None) as client:',
+        '    client.kv.put("config/mode", "fast")',
+        '    print(client.kv.get("config/mode").value)',
+        "```",
+        "",
+        "## The package",
+        "",
+        _doc(client_package),
+        "",
+        "## The client",
+        "",
+        f"### `Client{_signature(Client.__init__).removesuffix(' -> None')}`",
+        "",
+        _doc(Client),
+        "",
+        _doc(AsyncClient),
+        "",
+    ]
+    for name, member in _public_members(Client):
+        if name == "__init__":
+            continue
+        lines += _member("client", name, member, AsyncClient)
+    lines += ["## Groups", ""]
+    # GitHub's anchor of the heading `client.kv` drops the backticks and the dot: #clientkv.
+    lines += [", ".join(f"[`client.{group}`](#client{group})" for group, _, _ in GROUPS) + ".", ""]
+    for group, blocking, asynchronous in GROUPS:
+        lines += [f"### `client.{group}`", ""]
+        text = _doc(asynchronous)
+        if text:
+            lines += [text, ""]
+        for name, member in _public_members(blocking):
+            if name == "__init__":
+                continue
+            lines += _member(f"client.{group}", name, member, asynchronous)
+    lines += ["## Held sessions, locks and streams", ""]
+    for kind in HELPERS:
+        lines += [f"### `{kind.__name__}`", ""]
+        text = _doc(kind)
+        if text:
+            lines += [text, ""]
+        for name, member in _public_members(kind):
+            if name == "__init__":
+                continue
+            lines += _member(kind.__name__, name, member, None)
+    lines += ["## Errors raised only by the client", ""]
+    lines += [
+        "Every other error is a class of `xrcore.errors` rebuilt from the server's error code "
+        "(the catalogue is in [docs/core.md](core.md)); each says whether it is `definite`.",
+        "",
+    ]
+    for kind in ERRORS:
+        lines += [f"- `{kind.__name__}`: {' '.join(_doc(kind).split())}"]
+    lines += ["", "## Values", ""]
+    lines += [
+        "Frozen structs (msgspec) with the API's field names and units. Unknown fields in an "
+        "answer are ignored.",
+        "",
+    ]
+    for kind in _models():
+        lines += [f"### `{kind.__name__}`", ""]
+        text = _doc(kind)
+        if text and not text.startswith(f"{kind.__name__}("):
+            lines += [text, ""]
+        lines += ["| field | type |", "| --- | --- |"]
+        for field_name, annotation in _struct_fields(kind):
+            lines.append(f"| `{field_name}` | `{annotation.replace('|', '&#124;')}` |")
+        lines.append("")
+    while lines[-1] == "":
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the file is out of date")
+    arguments = parser.parse_args(argv)
+    text = render()
+    if arguments.check:
+        if not OUTPUT.exists() or OUTPUT.read_text() != text:
+            print(
+                f"{OUTPUT} is out of date: run python docs/gen_client_reference.py",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    OUTPUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
