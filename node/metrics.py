@@ -74,19 +74,47 @@ class _StoreCollector(Collector):
             status["proposals_in_flight"],
         )
 
-        def census(machine: Any) -> tuple[int, int, int, int, Counter[str]]:
+        def census(machine: Any) -> tuple[int, int, int, int, Counter[str], Counter[str]]:
             states: Counter[str] = Counter()
+            outcomes: Counter[str] = Counter()
             for job in machine.jobs.values():
                 states[job.state] += 1
+                for task in job.tasks:
+                    for attempt in task.attempts:
+                        outcomes[attempt.outcome or "running"] += 1
             return (
                 len(machine.locks),
                 len(machine.sessions),
                 len(machine.keys),
                 machine.revision,
                 states,
+                outcomes,
             )
 
-        locks, sessions, keys, revision, states = self.store.replica.read(census)
+        def inventory(machine: Any) -> list[tuple[str, int, int, int, int, int]]:
+            rows = []
+            for region in machine.regions.values():
+                running = sum(
+                    1
+                    for job in machine.jobs.values()
+                    for task in job.tasks
+                    if task.region == region.name and task.state.value == "running"
+                )
+                total_mb = sum(gpu.memory_mb for gpu in region.gpus)
+                free_mb = sum(gpu.free_mb for gpu in region.gpus)
+                rows.append(
+                    (
+                        region.name,
+                        len(region.gpus),
+                        total_mb,
+                        total_mb - free_mb,
+                        region.cpu_slots,
+                        running,
+                    )
+                )
+            return rows
+
+        locks, sessions, keys, revision, states, outcomes = self.store.replica.read(census)
         yield gauge("xr_locks_held", "Locks held, all tenants.", locks)
         yield gauge("xr_sessions", "Live sessions, all tenants.", sessions)
         yield gauge("xr_kv_keys", "Keys stored, all tenants.", keys)
@@ -98,6 +126,52 @@ class _StoreCollector(Collector):
         for state in ("pending", "running", "succeeded", "failed", "cancelled"):
             jobs.add_metric([self.region, state], states.get(state, 0))
         yield jobs
+        attempts = GaugeMetricFamily(
+            "xr_task_attempts",
+            "Task attempts in the jobs table by outcome: running, succeeded, failed, cancelled, "
+            "preempted, and lease_expired (a region lost: each one is a failover).",
+            labels=["region", "outcome"],
+        )
+        for outcome in (
+            "running",
+            "succeeded",
+            "failed",
+            "cancelled",
+            "preempted",
+            "lease_expired",
+        ):
+            attempts.add_metric([self.region, outcome], outcomes.get(outcome, 0))
+        yield attempts
+        families = {
+            "gpus": GaugeMetricFamily(
+                "xr_region_gpus",
+                "Devices in each region's last heartbeat.",
+                labels=["region", "in_region"],
+            ),
+            "memory": GaugeMetricFamily(
+                "xr_region_gpu_memory_bytes",
+                "GPU memory of each region's devices, total and used (last heartbeat).",
+                labels=["region", "in_region", "kind"],
+            ),
+            "slots": GaugeMetricFamily(
+                "xr_region_cpu_slots",
+                "CPU task slots of each region.",
+                labels=["region", "in_region"],
+            ),
+            "running": GaugeMetricFamily(
+                "xr_region_tasks_running",
+                "Tasks running in each region.",
+                labels=["region", "in_region"],
+            ),
+        }
+        mebibyte = 1024 * 1024
+        for name, gpus, total_mb, used_mb, slots, running in self.store.replica.read(inventory):
+            families["gpus"].add_metric([self.region, name], gpus)
+            families["memory"].add_metric([self.region, name, "total"], total_mb * mebibyte)
+            families["memory"].add_metric([self.region, name, "used"], used_mb * mebibyte)
+            families["slots"].add_metric([self.region, name], slots)
+            families["running"].add_metric([self.region, name], running)
+        yield from families.values()
 
 
 class NodeMetrics:

@@ -63,3 +63,12 @@ def test_a_job_shows_why_its_task_waits(api: ApiNode) -> None:
     task = api.ok("GET", f"/v1/jobs/{job_id}")["tasks"][0]
     assert task["state"] == "pending"
     assert task["reason"], task
+
+
+def test_metrics_show_regions_and_attempts_by_outcome(api: ApiNode) -> None:
+    api.register_region()
+    answer = api.request("GET", "/metrics")
+    text = answer.body.decode()
+    assert 'xr_region_cpu_slots{in_region="r0",region="r0"}' in text
+    assert 'xr_region_tasks_running{in_region="r0",region="r0"} 0.0' in text
+    assert 'xr_task_attempts{outcome="lease_expired",region="r0"}' in text
