@@ -447,6 +447,13 @@ class Executor:
                     attempt.task_index,
                 )
                 return
+            except ConnectionError as error:
+                # The worker died mid-message (killed, crashed): its exit code tells the rest,
+                # and the attempt must still be ended and its devices released.
+                log.info(
+                    "%s[%d]: control channel closed: %s", attempt.job_id, attempt.task_index, error
+                )
+                return
             if not line:
                 return
             try:
