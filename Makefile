@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint typecheck unit bench bench-api ui-deps docs clean
+.PHONY: demo test test-slow lint typecheck unit bench bench-api ui-deps jepsen jepsen-deps docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/xr demo
 
-test: $(STAMP) ui-deps lint typecheck unit
+test: $(STAMP) ui-deps jepsen-deps lint typecheck unit
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
@@ -35,6 +35,22 @@ ui-deps:
 	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
 	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)); \
 	else echo "chromium missing and not root: the dashboard's browser test will be skipped"; fi
+
+# jepsen-lite's system tools: nftables (partitions inside network namespaces) and libfaketime
+# (clock faults). Installed from Debian when missing and running as root (CI); otherwise the
+# harness says what it lacks and its tests fall back or skip.
+jepsen-deps:
+	@if command -v nft >/dev/null && command -v faketime >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing nftables and faketime for jepsen-lite"; \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables faketime >/dev/null 2>&1 || \
+	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables faketime >/dev/null)); \
+	else echo "jepsen-lite: nftables or faketime missing and not root: partition and clock runs will be skipped"; fi
+
+# The jepsen-lite matrix: every workload under every nemesis on 5 nodes (about an hour).
+JEPSEN_TIME ?= 60
+jepsen: $(STAMP) jepsen-deps
+	$(BIN)/xr-jepsen matrix --nodes 5 --time $(JEPSEN_TIME)
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not slow" -q

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -26,6 +27,7 @@ from node.config import NodeConfig
 from node.executor.executor import Executor
 from node.executor.inventory import detect as detect_inventory
 from node.executor.inventory import to_gpus
+from raftstore.faults import NO_FAULTS, Faults, FaultsRefused
 from raftstore.store import RaftStore
 from xrcore.commands import RegionHeartbeat, RegionRegister
 from xrcore.errors import StaleSchedule, XrError
@@ -72,9 +74,9 @@ def configure_logging(config: NodeConfig) -> None:
 class Node:
     """A started node: its store, its API on a socket, and its background duties."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, *, faults: Faults = NO_FAULTS) -> None:
         self.config = config
-        self.store = RaftStore(config.raft)
+        self.store = RaftStore(config.raft, faults=faults)
         self.app = create_app(config, store=self.store)
         self.runner: web.AppRunner | None = None
         self._duties: list[asyncio.Task[None]] = []
@@ -230,8 +232,8 @@ class Node:
                 log.info("could not hand leadership to %s: %s", member["address"], error)
 
 
-async def serve(config: NodeConfig) -> None:
-    node = Node(config)
+async def serve(config: NodeConfig, *, faults: Faults = NO_FAULTS) -> None:
+    node = Node(config, faults=faults)
     await node.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -245,12 +247,19 @@ async def serve(config: NodeConfig) -> None:
 
 def run(config: NodeConfig) -> int:
     configure_logging(config)
+    # Test-only deliberate bugs (`raftstore.faults`): read once, here, and refused outside tests.
+    try:
+        faults = Faults.from_environment(os.environ)
+    except FaultsRefused as error:
+        log.error("cannot start region %s: %s", config.region.name, error)
+        return 2
+    faults.warn()
     try:
         import uvloop
 
-        uvloop.run(serve(config))
+        uvloop.run(serve(config, faults=faults))
     except ImportError:  # pragma: no cover - uvloop is a dependency outside Windows
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, faults=faults))
     except OSError as error:
         log.error("cannot start region %s: %s", config.region.name, error)
         return 1

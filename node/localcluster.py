@@ -52,22 +52,28 @@ class LocalNode:
     # A TOML file the node reads first (for what flags cannot say, such as auth tokens).
     config_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
+    # The address the node binds and is reached at (jepsen-lite gives each node its own network
+    # namespace and address), and a command the node runs under, which must exec it so the
+    # process keeps its pid (`ip netns exec NAME`, `env LD_PRELOAD=...`).
+    host: str = HOST
+    command_prefix: list[str] = field(default_factory=list)
 
     @property
     def raft_address(self) -> str:
-        return f"{HOST}:{self.raft_port}"
+        return f"{self.host}:{self.raft_port}"
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.http_port}"
+        return f"http://{self.host}:{self.http_port}"
 
     def command(self) -> list[str]:
         command = [
+            *self.command_prefix,
             sys.executable, "-m", "node.cli", "node", "run",
             "--region", self.region,
             "--raft-address", self.raft_address,
             "--peers", ",".join(self.peers),
-            "--http-address", f"{HOST}:{self.http_port}",
+            "--http-address", f"{self.host}:{self.http_port}",
             "--data-dir", str(self.data_dir),
         ]  # fmt: skip
         for name, value in sorted(self.settings.items()):

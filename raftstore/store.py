@@ -31,6 +31,7 @@ from pysyncobj.transport import Transport
 
 from raftstore.clock import Clock, RealClock
 from raftstore.config import RaftConfig
+from raftstore.faults import NO_FAULTS, Fault, Faults
 from raftstore.replica import Replica, encode_group
 from xrcore import Applied, Envelope, StateMachine, encode
 from xrcore.commands import Command, Tick
@@ -113,9 +114,13 @@ class RaftStore:
         clock: Clock | None = None,
         limits: Limits = DEFAULT_LIMITS,
         transport: Transport | None = None,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self.config = config
         self.clock = clock or RealClock()
+        # Test-only deliberate bugs (`raftstore.faults`); none outside a test run.
+        self.faults = faults
+        limits = faults.limits(limits)
         self._loop: asyncio.AbstractEventLoop | None = None
         # Wakes coroutines waiting for the local state to change (lock waits, watches); the tick
         # thread crosses into the loop only while someone waits. Set before the replica, which
@@ -195,6 +200,8 @@ class RaftStore:
     ) -> Applied:
         """Replicates a command and returns what applying it did (its result may hold a typed
         error from the state machine). Raises `XrError` when replication itself failed."""
+        if self.faults.active(Fault.RETRIES_WITHOUT_DEDUP):
+            client_id = seq = None
         entry = encode(
             Envelope(command=command, now_ms=self._stamp_ms(), client_id=client_id, seq=seq)
         )
@@ -356,7 +363,9 @@ class RaftStore:
     ) -> ReadResult:
         if consistency not in ("linearizable", "stale"):
             raise InvalidArgument(f"consistency must be linearizable or stale, not {consistency!r}")
-        if consistency == "linearizable":
+        if consistency == "linearizable" and not self.faults.reads_locally(
+            is_leader=self.is_leader
+        ):
             await self._submit(None, timeout_s)
         value, index = self.replica.read(lambda machine: (query(machine), machine.index))
         return ReadResult(value=value, index=index, stale=consistency == "stale")

@@ -26,6 +26,7 @@ from node.api.wire import respond
 from node.config import NodeConfig
 from node.metrics import NodeMetrics
 from raftstore.clock import Clock, RealClock
+from raftstore.faults import Fault, acknowledge_before_commit
 from raftstore.store import RaftStore, ReadResult
 from xrcore import StateMachine
 from xrcore._validate import NAME_BYTES_MAX, NAME_PATTERN
@@ -154,7 +155,10 @@ async def write(request: web.Request, command: Command, *, idempotent: bool = Tr
     store = services(request).store
     caller = request[PRINCIPAL]
     client_id, seq = _idempotency(request, caller) if idempotent else (None, None)
-    applied = await store.propose(command, client_id=client_id, seq=seq)
+    if store.faults.active(Fault.ACK_BEFORE_COMMIT):
+        applied = await acknowledge_before_commit(store, command, client_id=client_id, seq=seq)
+    else:
+        applied = await store.propose(command, client_id=client_id, seq=seq)
     request[INDEX] = applied.index
     return applied.result.unwrap()
 

@@ -60,6 +60,8 @@ def _status(request: web.Request) -> dict[str, Any]:
         "applied_index": status["applied_index"],
         "machine_index": status["machine_index"],
         "proposals_in_flight": status["proposals_in_flight"],
+        # Deliberate bugs switched on for a test run (`raftstore.faults`); empty otherwise.
+        "test_faults": node.store.faults.names(),
     }
 
 

@@ -19,6 +19,7 @@ from node.api.app import principal, read, services, wait_s, waiting_slot, write
 from node.api.auth import Principal
 from node.api.sessions import own_session
 from node.api.wire import field, read_body, reject_unknown, respond
+from raftstore.faults import Fault
 from raftstore.store import RaftStore
 from xrcore import locks
 from xrcore._validate import NAME_BYTES_MAX
@@ -43,6 +44,16 @@ def _view(caller: Principal, view: dict[str, Any]) -> dict[str, Any]:
     shown = dict(view)
     shown["name"] = caller.unscoped(view["name"])
     return shown
+
+
+def _handed_out(request: web.Request, name: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """A grant as answered to the caller. Under the test fault `unfenced-locks` its token is the
+    first one this node answered for the lock, so a new holder's token no longer fences off the
+    old holder."""
+    faults = services(request).store.faults
+    if answer.get("granted") and faults.active(Fault.UNFENCED_LOCKS):
+        return {**answer, "token": faults.first_token(name, answer["token"])}
+    return answer
 
 
 def _state(store: RaftStore, name: str, session_id: str) -> tuple[str, int, int | None]:
@@ -76,23 +87,21 @@ async def acquire(request: web.Request) -> web.Response:
     await own_session(request, caller, session_id)
     if waited_s == 0:
         result = await write(request, LockAcquire(name=name, session_id=session_id))
-        return respond(request, _view(caller, result))
+        return respond(request, _handed_out(request, name, _view(caller, result)))
     # The waiting place is taken before the session joins the queue: a request refused with 429
     # must not leave its session queued for a grant that nobody waits for.
     async with waiting_slot(request):
         result = await write(request, LockAcquire(name=name, session_id=session_id, wait=True))
         if result["granted"] or not result.get("queued"):
-            return respond(request, _view(caller, result))
+            return respond(request, _handed_out(request, name, _view(caller, result)))
         granted = await _wait_for_grant(request, name, session_id, waited_s)
     if granted is None:
         return respond(
             request,
             {"name": caller.unscoped(name), "granted": False, "queued": False, "timed_out": True},
         )
-    return respond(
-        request,
-        {"name": caller.unscoped(name), "granted": True, "token": granted, "holder": session_id},
-    )
+    grant = {"name": caller.unscoped(name), "granted": True, "token": granted, "holder": session_id}
+    return respond(request, _handed_out(request, name, grant))
 
 
 async def _wait_for_grant(
@@ -151,4 +160,9 @@ async def validate(request: web.Request) -> web.Response:
         raise InvalidArgument(f"token must be a positive integer, got {token}")
     command = LockValidate(name=name, token=token)
     result = await read(request, lambda machine: locks.validate(machine, command, 0))
-    return respond(request, {**_view(caller, result.value), "stale": result.stale})
+    answer = {**_view(caller, result.value), "stale": result.stale}
+    if services(request).store.faults.active(Fault.UNFENCED_LOCKS):
+        # The fault's check: any token up to the current one passes, not only the current one.
+        current = answer["current_token"]
+        answer["valid"] = current is not None and token <= current
+    return respond(request, answer)

@@ -583,6 +583,11 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
                 "applied_index": INTEGER,
                 "machine_index": INTEGER,
                 "proposals_in_flight": INTEGER,
+                "test_faults": {
+                    **_list(TEXT),
+                    "description": "Deliberate bugs switched on for a test run "
+                    "(XR_TEST_FAULTS, see docs/jepsen-faults.md); empty otherwise.",
+                },
             }
         ),
         "Member": _object(

@@ -1,0 +1,233 @@
+"""The `xr-jepsen` command line: run a workload against a real cluster under a nemesis, check a
+stored history, rebuild a report, or run the whole matrix.
+
+    xr-jepsen run --workload register --nemesis partition-halves --nodes 3 --time 30 --seed 7
+    xr-jepsen check jepsen-runs/x/history.jsonl
+    xr-jepsen report jepsen-runs/x
+    xr-jepsen matrix --nodes 5 --time 60
+
+Exit codes: 0 valid, 1 a checker found an anomaly, 2 a usage error or a run that cannot be made
+here (a partition nemesis without network namespaces), 3 unknown (the linearizability search ran
+out of time) or not live (the final operations did not succeed after the heal).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from xr_jepsen.nemesis import NEMESES
+from xr_jepsen.workloads import WORKLOADS
+
+__all__ = ["cli", "main"]
+
+EXIT_VALID = 0
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+EXIT_UNKNOWN = 3
+DEFAULT_RUNS_DIR = Path("jepsen-runs")
+# f names that tell which workload wrote a history.
+_WORKLOAD_OF_F = {
+    "cas": "register",
+    "write": "register",
+    "read": "register",
+    "acquire": "locks",
+    "enqueue": "queue",
+    "add": "set",
+}
+
+
+def _exit_code(verdict: str) -> int:
+    return {"valid": EXIT_VALID, "invalid": EXIT_INVALID}.get(verdict, EXIT_UNKNOWN)
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def cli() -> None:
+    """jepsen-lite for xr: real node processes, real faults, checked histories."""
+
+
+@cli.command()
+@click.option("--workload", type=click.Choice(WORKLOADS), required=True)
+@click.option("--nemesis", type=click.Choice(NEMESES), default="none", show_default=True)
+@click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True)
+@click.option("--time", "time_s", type=click.FloatRange(1, 3600), default=30, show_default=True)
+@click.option("--seed", type=int, default=None, help="default: drawn, and printed")
+@click.option("--dir", "run_dir", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--no-namespaces",
+    is_flag=True,
+    help="nodes on loopback even where namespaces work (process and clock faults only)",
+)
+@click.option("--set", "settings", multiple=True, metavar="NAME=VALUE", help="a node setting")
+def run(
+    workload: str,
+    nemesis: str,
+    nodes: int,
+    time_s: float,
+    seed: int | None,
+    run_dir: Path | None,
+    no_namespaces: bool,
+    settings: tuple[str, ...],
+) -> None:
+    """Runs WORKLOAD for --time seconds under --nemesis, then heals, checks and reports."""
+    from xr_jepsen.runner import RunConfig, RunRefused
+    from xr_jepsen.runner import run as run_one
+
+    if seed is None:
+        seed = time.time_ns() % 1_000_000
+    if run_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = DEFAULT_RUNS_DIR / f"{stamp}-{workload}-{nemesis}-s{seed}"
+    config = RunConfig(
+        workload=workload,
+        nemesis=nemesis,
+        nodes=nodes,
+        time_s=time_s,
+        seed=seed,
+        run_dir=run_dir,
+        namespaces=not no_namespaces,
+        settings=_settings(settings),
+    )
+    try:
+        results = run_one(config, progress=_say)
+    except RunRefused as error:
+        _say(f"xr-jepsen: refused: {error}")
+        sys.exit(EXIT_USAGE)
+    click.echo(json.dumps({k: results[k] for k in ("verdict", "ops", "anomalies", "command")}))
+    sys.exit(_exit_code(str(results["verdict"])))
+
+
+@cli.command()
+@click.argument("history", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--workload", type=click.Choice(WORKLOADS), default=None, help="default: guessed")
+def check(history: Path, workload: str | None) -> None:
+    """Checks a stored HISTORY (JSON lines) and prints the checker's verdict as JSON."""
+    from xr_jepsen.history import read_history
+    from xr_jepsen.workloads import make_workload
+
+    ops = read_history(history)
+    if workload is None:
+        workload = next((_WORKLOAD_OF_F[op.f] for op in ops if op.f in _WORKLOAD_OF_F), None)
+    if workload is None:
+        raise click.UsageError("cannot tell the workload from the history; give --workload")
+    result = make_workload(workload).check(ops)
+    click.echo(json.dumps(result.to_json(), indent=2, default=str))
+    verdict = "unknown" if result.valid == "unknown" else "valid" if result.valid else "invalid"
+    sys.exit(_exit_code(verdict))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def report(run_dir: Path) -> None:
+    """Rebuilds RUN_DIR/report.html from the run's files and prints its path."""
+    from xr_jepsen.report import write_report
+
+    click.echo(str(write_report(run_dir)))
+
+
+@cli.command()
+@click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
+@click.option(
+    "--nemeses", default=",".join(name for name in NEMESES if name != "none"), show_default=True
+)
+@click.option("--nodes", type=click.IntRange(1, 9), default=5, show_default=True)
+@click.option("--time", "time_s", type=click.FloatRange(1, 3600), default=60, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--dir", "runs_dir", type=click.Path(path_type=Path), default=None)
+def matrix(
+    workloads: str, nemeses: str, nodes: int, time_s: float, seed: int, runs_dir: Path | None
+) -> None:
+    """Every workload under every nemesis; prints a table of runs, operations, anomalies and
+    verdicts. Exits 1 if any run is invalid."""
+    from xr_jepsen.runner import RunConfig, RunRefused
+    from xr_jepsen.runner import run as run_one
+
+    runs_dir = runs_dir or DEFAULT_RUNS_DIR / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}"
+    rows: list[dict[str, Any]] = []
+    for workload in workloads.split(","):
+        for nemesis in nemeses.split(","):
+            config = RunConfig(
+                workload=workload,
+                nemesis=nemesis,
+                nodes=nodes,
+                time_s=time_s,
+                seed=seed,
+                run_dir=runs_dir / f"{workload}-{nemesis}",
+            )
+            started_s = time.monotonic()
+            try:
+                results = run_one(config, progress=_say)
+                row = {
+                    "run": f"{workload}/{nemesis}",
+                    "ops": results["ops"]["total"],
+                    "info": results["ops"]["info"],
+                    "anomalies": results["anomalies"],
+                    "verdict": results["verdict"],
+                }
+            except RunRefused as error:
+                row = {"run": f"{workload}/{nemesis}", "verdict": _first_line("refused", error)}
+            except RuntimeError as error:
+                row = {"run": f"{workload}/{nemesis}", "verdict": _first_line("error", error)}
+            row["seconds"] = round(time.monotonic() - started_s)
+            rows.append(row)
+            _say(f"{row}")
+    click.echo(_table(rows))
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    (runs_dir / "matrix.json").write_text(json.dumps(rows, indent=2) + "\n")
+    sys.exit(EXIT_INVALID if any(row["verdict"] == "invalid" for row in rows) else EXIT_VALID)
+
+
+def _settings(pairs: tuple[str, ...]) -> dict[str, str]:
+    settings = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or not name:
+            raise click.BadParameter(f"expected NAME=VALUE, got {pair!r}", param_hint="--set")
+        settings[name] = value
+    return settings
+
+
+def _first_line(what: str, error: Exception) -> str:
+    return f"{what}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"[:80]
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    columns = ["run", "ops", "info", "anomalies", "verdict", "seconds"]
+    cells = [[str(row.get(column, "-")) for column in columns] for row in rows]
+    widths = [
+        max([len(column)] + [len(line[i]) for line in cells]) for i, column in enumerate(columns)
+    ]
+    lines = [
+        "  ".join(
+            column.upper().ljust(width) for column, width in zip(columns, widths, strict=True)
+        )
+    ]
+    lines += [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        for line in cells
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="xr-jepsen", standalone_mode=False)
+    except click.ClickException as error:
+        error.show()
+        return error.exit_code
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        return 130
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 0
+    return 0

@@ -1,0 +1,1 @@
+"""Tests of jepsen-lite: histories, checkers, and the harness around them."""
