@@ -67,7 +67,7 @@ BENCHMARKS = (
     ),
     Benchmark(
         "scheduler",
-        ("bench/scheduler.py", "--no-plot"),
+        ("bench/scheduler.py",),
         240,
         "FIFO first-fit and random placement on the same trace and seed",
     ),
@@ -137,12 +137,20 @@ def _figures(document: dict[str, Any] | None, prefix: str = "") -> list[tuple[st
     found: list[tuple[str, Any]] = []
     for key, value in document.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
+        wanted = any(word in key for word in ("ratio", "verdict", "met", "target", "_x"))
+        if (
+            isinstance(value, dict)
+            and wanted
+            and all(not isinstance(item, dict | list) for item in value.values())
+        ):
+            # A table of ratios or targets: every entry is a figure.
+            found.extend((f"{name}.{inner}", item) for inner, item in value.items())
+        elif isinstance(value, dict):
             found.extend(_figures(value, f"{name}."))
         elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
             for position, item in enumerate(value):
                 found.extend(_figures(item, f"{name}[{position}]."))
-        elif any(word in key for word in ("ratio", "verdict", "met", "target", "_x")):
+        elif wanted:
             found.append((name, value))
     return found
 

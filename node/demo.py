@@ -212,6 +212,13 @@ class _Demo:
             self._story(cluster)
             if self.options.keep:
                 self._keep(cluster)
+            else:
+                alive = next(node for node in cluster.nodes if node.running)
+                self.say(
+                    f"dashboard: {alive.url}/ui (any region serves it; run "
+                    "`xr demo --keep` to keep the cluster up and sign in with the admin token "
+                    "it prints)"
+                )
         finally:
             cluster.stop()
             self.report.left_running = [node.region for node in cluster.nodes if node.running]
@@ -417,6 +424,7 @@ class _Demo:
             cluster.wait_ready(nodes=[node], timeout_s=60.0)
             self.say(f"restarted region {node.region} from its data directory")
         self.say("cluster kept running; Ctrl-C stops it")
+        self.console.print(f"  admin token for the dashboard and the CLI: {self.tokens[ADMIN]}")
         for node in cluster.nodes:
             self.console.print(f"  {node.region:<9} {node.url}  dashboard {node.url}/ui")
         self.console.print(f"  export XR_ENDPOINTS={','.join(cluster.urls)}")
