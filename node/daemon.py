@@ -29,6 +29,7 @@ from node.executor.inventory import detect as detect_inventory
 from node.executor.inventory import to_gpus
 from raftstore.faults import NO_FAULTS, Faults, FaultsRefused
 from raftstore.store import RaftStore
+from raftstore.testnet import Drops
 from xrcore.commands import RegionHeartbeat, RegionRegister
 from xrcore.errors import StaleSchedule, XrError
 from xrcore.placement import PlacementSettings, place
@@ -74,9 +75,11 @@ def configure_logging(config: NodeConfig) -> None:
 class Node:
     """A started node: its store, its API on a socket, and its background duties."""
 
-    def __init__(self, config: NodeConfig, *, faults: Faults = NO_FAULTS) -> None:
+    def __init__(
+        self, config: NodeConfig, *, faults: Faults = NO_FAULTS, drops: Drops | None = None
+    ) -> None:
         self.config = config
-        self.store = RaftStore(config.raft, faults=faults)
+        self.store = RaftStore(config.raft, faults=faults, drops=drops)
         self.app = create_app(config, store=self.store)
         self.runner: web.AppRunner | None = None
         self._duties: list[asyncio.Task[None]] = []
@@ -232,8 +235,10 @@ class Node:
                 log.info("could not hand leadership to %s: %s", member["address"], error)
 
 
-async def serve(config: NodeConfig, *, faults: Faults = NO_FAULTS) -> None:
-    node = Node(config, faults=faults)
+async def serve(
+    config: NodeConfig, *, faults: Faults = NO_FAULTS, drops: Drops | None = None
+) -> None:
+    node = Node(config, faults=faults, drops=drops)
     await node.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -250,6 +255,7 @@ def run(config: NodeConfig) -> int:
     # Test-only deliberate bugs (`raftstore.faults`): read once, here, and refused outside tests.
     try:
         faults = Faults.from_environment(os.environ)
+        drops = Drops.from_environment(os.environ)
     except FaultsRefused as error:
         log.error("cannot start region %s: %s", config.region.name, error)
         return 2
@@ -257,9 +263,9 @@ def run(config: NodeConfig) -> int:
     try:
         import uvloop
 
-        uvloop.run(serve(config, faults=faults))
+        uvloop.run(serve(config, faults=faults, drops=drops))
     except ImportError:  # pragma: no cover - uvloop is a dependency outside Windows
-        asyncio.run(serve(config, faults=faults))
+        asyncio.run(serve(config, faults=faults, drops=drops))
     except OSError as error:
         log.error("cannot start region %s: %s", config.region.name, error)
         return 1

@@ -33,6 +33,7 @@ from raftstore.clock import Clock, RealClock
 from raftstore.config import RaftConfig
 from raftstore.faults import NO_FAULTS, Fault, Faults
 from raftstore.replica import Replica, encode_group
+from raftstore.testnet import Drops
 from xrcore import Applied, Envelope, StateMachine, encode
 from xrcore.commands import Command, Tick
 from xrcore.errors import (
@@ -115,6 +116,7 @@ class RaftStore:
         limits: Limits = DEFAULT_LIMITS,
         transport: Transport | None = None,
         faults: Faults = NO_FAULTS,
+        drops: Drops | None = None,
     ) -> None:
         self.config = config
         self.clock = clock or RealClock()
@@ -130,6 +132,10 @@ class RaftStore:
         self.replica = Replica(
             config, limits=limits, transport=transport, on_applied=self._on_applied
         )
+        # Test-only message drops (`raftstore.testnet`): jepsen-lite's partitions on loopback.
+        self.drops = drops
+        if drops is not None:
+            drops.install(self.replica)
         self._pending: list[_Pending] = []
         self._in_flight_commands = 0
         self._groups: set[_Group] = set()

@@ -67,6 +67,12 @@ def cli() -> None:
     is_flag=True,
     help="nodes on loopback even where namespaces work (process and clock faults only)",
 )
+@click.option(
+    "--fault-transport",
+    is_flag=True,
+    help="without namespaces, make partitions as message drops inside the nodes (test-only "
+    "XR_TEST_PARTITIONS); the run records that it did",
+)
 @click.option("--set", "settings", multiple=True, metavar="NAME=VALUE", help="a node setting")
 def run(
     workload: str,
@@ -76,6 +82,7 @@ def run(
     seed: int | None,
     run_dir: Path | None,
     no_namespaces: bool,
+    fault_transport: bool,
     settings: tuple[str, ...],
 ) -> None:
     """Runs WORKLOAD for --time seconds under --nemesis, then heals, checks and reports."""
@@ -95,6 +102,7 @@ def run(
         seed=seed,
         run_dir=run_dir,
         namespaces=not no_namespaces,
+        fault_transport=fault_transport,
         settings=_settings(settings),
     )
     try:

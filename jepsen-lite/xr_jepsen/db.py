@@ -5,6 +5,10 @@ Two mechanisms, chosen once per run and recorded in its results:
 
 - `namespaces`: each node in a namespace with its own address on a bridge (`net.Network`);
   partitions are nftables drops inside the namespaces. Needs root, `ip` and `nft`.
+- `transport`: every node on 127.0.0.1, started with the test-only `XR_TEST_PARTITIONS=1`
+  (`raftstore.testnet`), only when asked for (`fault_transport`): partitions are message drops
+  inside the nodes, set through each node's `PUT /v1/test/drops`. For machines without
+  namespaces; a node restarted during a partition comes back with no drops.
 - `loopback`: every node on 127.0.0.1. No partition can be made (pysyncobj does not bind the
   source address of its connections, so per-node filtering is impossible); a nemesis that needs
   one is refused with a clear message, and only process faults (kill, pause) and clock faults run.
@@ -37,7 +41,7 @@ __all__ = [
     "find_libfaketime",
 ]
 
-Mechanism = Literal["namespaces", "loopback"]
+Mechanism = Literal["namespaces", "transport", "loopback"]
 RAFT_PORT = 7000
 HTTP_PORT = 8700
 LIBFAKETIME_PATHS = (
@@ -92,6 +96,7 @@ class Cluster:
         settings: dict[str, str],
         want_namespaces: bool = True,
         clock: bool = False,
+        fault_transport: bool = False,
     ) -> tuple[Cluster, str]:
         """The cluster (not started) and a sentence saying which mechanism it uses and why."""
         base_dir.mkdir(parents=True, exist_ok=True)
@@ -114,15 +119,23 @@ class Cluster:
             settings = {**settings, "raft.cluster_secret_file": str(secret_path)}
             note = f"namespaces: one network namespace per node on bridge {network.bridge}"
         else:
-            mechanism = "loopback"
+            mechanism = "transport" if fault_transport else "loopback"
             hosts = ["127.0.0.1"] * size
             ports = free_ports(2 * size)
             raft_ports, http_ports = ports[:size], ports[size:]
-            note = f"loopback: partitions unavailable ({reason}); process faults only"
+            note = (
+                f"transport: no namespaces ({reason}); partitions are message drops inside the "
+                "nodes (XR_TEST_PARTITIONS)"
+                if fault_transport
+                else f"loopback: partitions unavailable ({reason}); process faults only"
+            )
         addresses = [f"{host}:{port}" for host, port in zip(hosts, raft_ports, strict=True)]
         nodes = []
+        drop_prefix = (
+            ["env", "XR_TEST_RUN=1", "XR_TEST_PARTITIONS=1"] if mechanism == "transport" else []
+        )
         for index in range(size):
-            prefix = network.exec_prefix(index) if network is not None else []
+            prefix = network.exec_prefix(index) if network is not None else drop_prefix
             nodes.append(
                 LocalNode(
                     region=f"n{index}",
@@ -186,7 +199,7 @@ class Cluster:
 
     @property
     def partitions_available(self) -> bool:
-        return self.network is not None
+        return self.network is not None or self.mechanism == "transport"
 
     @property
     def clocks_available(self) -> bool:
@@ -239,13 +252,36 @@ class Cluster:
         self.clocks[index] = (offset_s, rate)
 
     def partition(self, grudge: dict[int, list[int]]) -> None:
+        if self.mechanism == "transport":
+            for index in range(self.size):
+                self._set_drops(index, grudge.get(index, []))
+            return
         if self.network is None:
             raise NetworkUnavailable("partitions need network namespaces, unavailable in this run")
         self.network.apply(grudge)
 
     def heal_network(self) -> None:
-        if self.network is not None:
+        if self.mechanism == "transport":
+            for index in range(self.size):
+                self._set_drops(index, [])
+        elif self.network is not None:
             self.network.heal()
+
+    def _set_drops(self, index: int, dropped: list[int]) -> None:
+        """Tells node `index` to drop messages to and from `dropped` (a down node is skipped:
+        it comes back with no drops)."""
+        node = self.nodes[index]
+        if not node.running or node.paused:
+            return
+        peers = [self.nodes[other].raft_address for other in dropped]
+        request = urllib.request.Request(
+            f"{node.url}/v1/test/drops",
+            data=json.dumps({"peers": peers}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="PUT",
+        )
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            urllib.request.urlopen(request, timeout=STATUS_TIMEOUT_S).close()
 
     def status(self, index: int) -> dict[str, Any] | None:
         """Node `index`'s `GET /v1/cluster/status`, or None when it does not answer."""

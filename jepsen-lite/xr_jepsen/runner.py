@@ -73,6 +73,9 @@ class RunConfig:
     run_dir: Path = Path("jepsen-runs/latest")
     # False: loopback nodes even where namespaces work (tests of the fallback).
     namespaces: bool = True
+    # Without namespaces, make partitions as message drops inside the nodes (test-only
+    # `XR_TEST_PARTITIONS`); only when asked, and the run says so.
+    fault_transport: bool = False
     op_timeout_s: float = 3.0
     # Node settings over the harness's own (`--set name=value` of `xr node run`).
     settings: dict[str, str] = field(default_factory=dict)
@@ -94,6 +97,8 @@ def replay_command(config: RunConfig) -> str:
     ]  # fmt: skip
     if not config.namespaces:
         parts.append("--no-namespaces")
+    if config.fault_transport:
+        parts.append("--fault-transport")
     for name, value in sorted(config.settings.items()):
         parts += ["--set", f"{name}={value}"]
     return shlex.join(parts)
@@ -336,6 +341,7 @@ async def _run(config: RunConfig, progress: Callable[[str], None]) -> dict[str, 
         settings={**_node_settings(config.workload, run_dir / "nodes"), **config.settings},
         want_namespaces=config.namespaces,
         clock=needs_clock(config.nemesis),
+        fault_transport=config.fault_transport,
     )
     progress(f"cluster of {config.nodes} nodes: {mechanism_note}")
     try:
@@ -507,9 +513,13 @@ def _results(
         "reproducibility": REPRODUCIBILITY,
         "mechanism": {
             "cluster": cluster.mechanism,
-            "partitions": "nftables drops inside per-node network namespaces"
-            if cluster.partitions_available
-            else f"unavailable ({mechanism_note})",
+            "partitions": (
+                "nftables drops inside per-node network namespaces"
+                if cluster.mechanism == "namespaces"
+                else "message drops inside the nodes (XR_TEST_PARTITIONS)"
+                if cluster.mechanism == "transport"
+                else f"unavailable ({mechanism_note})"
+            ),
             "clock": "libfaketime, wall clock only (FAKETIME_DONT_FAKE_MONOTONIC)"
             if cluster.clocks_available
             else "not used",

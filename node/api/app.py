@@ -334,4 +334,9 @@ def create_app(
     )
     for module in (health, kv, sessions, locks, jobs, cluster, tenants, watch, openapi, ui):
         app.router.add_routes(module.routes)
+    if getattr(store, "drops", None) is not None:
+        # Test runs only (`raftstore.testnet`): not part of the API or its document.
+        from node.api import testnet
+
+        app.router.add_routes(testnet.routes)
     return app

@@ -178,6 +178,34 @@ def test_report__is_self_contained_and_shows_faults_roles_and_the_failing_window
     assert "--seed 5" in page
 
 
+@pytest.mark.integration
+def test_run__partitions_without_namespaces_use_message_drops_in_the_nodes(tmp_path: Path) -> None:
+    """The fallback where namespaces cannot be made: asked for explicitly, partitions become
+    message drops inside the nodes (test-only XR_TEST_PARTITIONS), and the run records it."""
+    results = run(
+        RunConfig(
+            workload="register",
+            nemesis="partition-halves",
+            nodes=3,
+            time_s=RUN_S,
+            seed=3,
+            run_dir=tmp_path,
+            namespaces=False,
+            fault_transport=True,
+        ),
+        progress=lambda line: None,
+    )
+    assert results["mechanism"]["cluster"] == "transport"
+    assert "XR_TEST_PARTITIONS" in results["mechanism"]["partitions"]
+    assert results["command"].endswith("--no-namespaces --fault-transport")
+    assert results["safety"] in (True, "unknown"), results["check"]["anomalies"][:5]
+    assert results["liveness"]["ok"], results["liveness"]
+    # The cut was real: the nodes were told, and elections followed.
+    assert "test network drops now: 127.0.0.1:" in (tmp_path / "nodes" / "n0.log").read_text()
+    statuses = [json.loads(line) for line in (tmp_path / "status.jsonl").read_text().splitlines()]
+    assert max(status.get("term") or 0 for status in statuses) > 1
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("workload", ["register", "locks", "queue", "set"])
