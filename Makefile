@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# On a machine with an NVIDIA GPU the demo's jobs run on it through CuPy (the `gpu` extra).
 demo: $(STAMP)
+	@if command -v nvidia-smi >/dev/null 2>&1 && ! $(BIN)/python -c "import cupy" 2>/dev/null; then \
+	  echo "GPU found: installing CuPy (the gpu extra)"; \
+	  $(BIN)/python -m pip install --quiet -e '.[test,gpu]'; fi
 	$(BIN)/xr demo
 
 test: $(STAMP) ui-deps jepsen-deps lint typecheck unit
