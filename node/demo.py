@@ -104,7 +104,7 @@ def _rtt(region: str) -> str:
     return ",".join(pairs)
 
 
-def _region_settings(quick: bool) -> dict[str, dict[str, str]]:
+def _region_settings() -> dict[str, dict[str, str]]:
     return {
         plan.name: {
             "region.provider": plan.provider,
@@ -203,7 +203,7 @@ class _Demo:
             base_dir,
             region_names=[plan.name for plan in REGIONS],
             settings=_cluster_settings(quick),
-            region_settings=_region_settings(quick),
+            region_settings=_region_settings(),
             config_text=self._config_text(),
         )
         self.say(f"starting {len(REGIONS)} regions as real processes (data and logs: {base_dir})")
@@ -239,7 +239,7 @@ class _Demo:
             client = clients[ADMIN]
             regions = self._wait_for_regions(client)
             self.report.gpu = any(region.gpus for region in regions)
-            self._describe(regions, client)
+            self._describe(regions)
             # The research team paid for twice the fair share of the product team.
             client.tenants.set("research", weight=2.0)
             for plan in _jobs(self.options.quick):
@@ -262,8 +262,8 @@ class _Demo:
                     + (f", {plan.array_size} tasks" if plan.array_size > 1 else "")
                     + f") as {job_id}"
                 )
-            self._follow(cluster, client)
-            self._summary(client)
+            self._follow(cluster)
+            self._summary()
 
     def _get(self, label: str) -> Any:
         return self.owners[label].jobs.get(self.job_ids[label])
@@ -279,7 +279,7 @@ class _Demo:
             time.sleep(0.2)
         raise DemoError("the regions did not all register within 60 s")
 
-    def _describe(self, regions: Any, client: Any) -> None:
+    def _describe(self, regions: Any) -> None:
         table = Table(title="regions", title_justify="left")
         for column in ("region", "provider", "devices", "speed", "$/GPU-h", "gCO2/kWh", "RTTs ms"):
             table.add_column(column)
@@ -307,7 +307,7 @@ class _Demo:
                 "device speeds, prices and carbon are labels the scheduler reads"
             )
 
-    def _follow(self, cluster: LocalCluster, client: Any) -> None:
+    def _follow(self, cluster: LocalCluster) -> None:
         """Live progress per job; kills the training job's region half-way; waits for all."""
         target = self.job_ids["train-research"]
         deadline_s = time.monotonic() + self.options.timeout_s
@@ -384,7 +384,7 @@ class _Demo:
             f"(fencing token {lost.token} -> {latest.token})"
         )
 
-    def _summary(self, client: Any) -> None:
+    def _summary(self) -> None:
         table = Table(title="summary", title_justify="left")
         for column in ("job", "id", "tenant", "prio", "state", "ran in", "attempts", "time s"):
             table.add_column(column)

@@ -92,14 +92,15 @@ class _StoreCollector(Collector):
             )
 
         def inventory(machine: Any) -> list[tuple[str, int, int, int, int, int]]:
+            running_in: Counter[str] = Counter(
+                task.region
+                for job in machine.jobs.values()
+                for task in job.tasks
+                if task.state.value == "running"
+            )
             rows = []
             for region in machine.regions.values():
-                running = sum(
-                    1
-                    for job in machine.jobs.values()
-                    for task in job.tasks
-                    if task.region == region.name and task.state.value == "running"
-                )
+                running = running_in[region.name]
                 total_mb = sum(gpu.memory_mb for gpu in region.gpus)
                 free_mb = sum(gpu.free_mb for gpu in region.gpus)
                 rows.append(

@@ -404,7 +404,7 @@ class _Room:
         return self.region.cpu_slots > 0
 
 
-def _rooms(cluster: Cluster, settings: SchedulerSettings) -> dict[str, _Room]:
+def _rooms(cluster: Cluster) -> dict[str, _Room]:
     rooms: dict[str, _Room] = {}
     for region in sorted(cluster.regions, key=lambda item: item.name):
         if not region.healthy:
@@ -585,7 +585,7 @@ def _earliest_fit(task: TaskInfo, room: _Room, now_ms: int) -> float | None:
     return None
 
 
-def _order(pending: list[TaskInfo], share: _Share) -> list[list[tuple[str, list[TaskInfo]]]]:
+def _order(pending: list[TaskInfo]) -> list[list[tuple[str, list[TaskInfo]]]]:
     """Pending tasks grouped by priority class (highest first), then by tenant, each tenant's
     tasks in submission order."""
     classes: dict[int, dict[str, list[TaskInfo]]] = {}
@@ -605,7 +605,7 @@ class _Pass:
         self.cluster = cluster
         self.settings = settings
         self.now_ms = cluster.now_ms
-        self.rooms = _rooms(cluster, settings)
+        self.rooms = _rooms(cluster)
         self.regions = {region.name: region for region in cluster.regions}
         self.share = _Share(cluster, self.rooms)
         self.decisions = Decisions()
@@ -658,7 +658,7 @@ class _Pass:
                 self.wait(task, task.waiting or "backing off after a failure")
                 continue
             pending.append(task)
-        for tenants in _order(pending, self.share):
+        for tenants in _order(pending):
             self._place_class(tenants)
             if self.full():
                 break

@@ -44,6 +44,11 @@ def test_lists_and_labels_come_comma_separated_from_the_environment() -> None:
     assert config.region.labels == {"a": "1", "b": "2"}
 
 
+def test_round_trip_times_come_as_region_equals_milliseconds() -> None:
+    config = load_config(environ={"XR_REGION_RTT_MS": "eu=75, ap=210.5"}, overrides=BASE)
+    assert config.region.rtt_ms == {"eu": 75.0, "ap": 210.5}
+
+
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
@@ -55,6 +60,9 @@ def test_lists_and_labels_come_comma_separated_from_the_environment() -> None:
         ({"region.name": "has space"}, "region.name"),
         ({"log.level": "loud"}, "log.level"),
         ({"raft.unknown": "1"}, "raft.unknown"),
+        ({"region.rtt_ms": "eu=fast"}, "region.rtt_ms"),
+        ({"region.rtt_ms": "eu=-5"}, "region.rtt_ms"),
+        ({"scheduler.preemption_grace_s": "0"}, "scheduler.preemption_grace_s"),
     ],
 )
 def test_an_invalid_setting_is_named_with_its_value(overrides: dict[str, str], named: str) -> None:

@@ -35,14 +35,13 @@ from raftstore.faults import (
     acknowledge_before_commit,
 )
 from raftstore.store import RaftStore
-from tests.node.conftest import auth_headers, node_config
+from tests.node.conftest import auth_headers, eventually, node_config
 from xrcore import kv
 from xrcore.commands import KvPut, SessionGrant
 from xrcore.errors import Timeout
 from xrcore.limits import DEFAULT_LIMITS
 
 T = TypeVar("T")
-WAIT_S = 20.0
 # The bound on a proposal or read that must not commit, so a test waits no longer than this.
 SHORT_TIMEOUT_S = 0.5
 
@@ -61,18 +60,6 @@ def _configs(data_dir: Path, count: int, **overrides: Any) -> list[RaftConfig]:
         )
         for position, address in enumerate(addresses)
     ]
-
-
-async def _eventually(check: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
-    loop = asyncio.get_running_loop()
-    deadline_s = loop.time() + timeout_s
-    while True:
-        value = check()
-        if value is not None and value is not False:
-            return value
-        if loop.time() > deadline_s:
-            raise AssertionError("the condition was not reached in time")
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
@@ -204,7 +191,7 @@ def test_a_node_with_faults_in_a_test_run__warns_and_reports_them(
 def test_cluster_status__lists_no_faults_normally(tmp_path: Path) -> None:
     async def body() -> Any:
         async with _leader_alone(tmp_path, NO_FAULTS) as (store,), _api(store, tmp_path) as api:
-            await _eventually(lambda: store.is_leader)
+            await eventually(lambda: store.is_leader)
             return await _call(api, "GET", "/v1/cluster/status")
 
     status, document = asyncio.run(body())
@@ -244,7 +231,7 @@ def test_leader_local_reads__a_leader_cut_off_from_its_followers_answers_default
     async def body(faults: Faults) -> Any:
         configs = _configs(tmp_path / str(faults.names()), 3, leader_fallback_timeout_s=10.0)
         async with _stores(configs, faults) as stores:
-            leader = await _eventually(lambda: next((s for s in stores if s.is_leader), None))
+            leader = await eventually(lambda: next((s for s in stores if s.is_leader), None))
             await leader.propose(KvPut(key="k", value=b"old"))
             for store in [store for store in stores if store is not leader]:
                 await store.stop()
@@ -287,7 +274,7 @@ def test_ack_before_commit__two_compare_and_sets_of_one_revision_both_succeed(
     # Both are answered from the state before either commits; the log applies only the first.
     async def body() -> tuple[list[bool], bytes]:
         async with _leader_alone(tmp_path, Faults.of(Fault.ACK_BEFORE_COMMIT)) as (store,):
-            await _eventually(lambda: store.is_leader)
+            await eventually(lambda: store.is_leader)
             created = await store.propose(KvPut(key="k", value=b"0"))
             revision = created.result.unwrap()["revision"]
             answers = [
@@ -299,7 +286,7 @@ def test_ack_before_commit__two_compare_and_sets_of_one_revision_both_succeed(
                 )
                 for value in (b"a", b"b")
             ]
-            read = await _eventually(
+            read = await eventually(
                 lambda: store.replica.read(
                     lambda m: m.revision > revision and kv.get(m, "k")["value"]
                 )
@@ -316,7 +303,7 @@ def test_ack_before_commit__two_compare_and_sets_of_one_revision_both_succeed(
 def test_retries_without_dedup__a_retried_write_applies_twice(tmp_path: Path) -> None:
     async def body(faults: Faults) -> Any:
         async with _leader_alone(tmp_path / str(faults.names()), faults) as (store,):
-            await _eventually(lambda: store.is_leader)
+            await eventually(lambda: store.is_leader)
             first = await store.propose(KvPut(key="k", value=b"v"), client_id="c", seq=1)
             retry = await store.propose(KvPut(key="k", value=b"v"), client_id="c", seq=1)
             assert first.result.ok
@@ -329,7 +316,7 @@ def test_retries_without_dedup__a_retried_job_submission_makes_two_jobs(tmp_path
     async def body(faults: Faults) -> Any:
         data_dir = tmp_path / str(faults.names())
         async with _leader_alone(data_dir, faults) as (store,), _api(store, data_dir) as api:
-            await _eventually(lambda: store.is_leader)
+            await eventually(lambda: store.is_leader)
             headers = {"Xr-Client-Id": "submitter", "Xr-Seq": "1"}
             job = {"name": "retried", "workload": "w"}
             answers = [
@@ -346,7 +333,7 @@ def test_unfenced_locks__the_next_holder_gets_the_first_holders_token(tmp_path: 
     async def body(faults: Faults) -> Any:
         data_dir = tmp_path / str(faults.names())
         async with _leader_alone(data_dir, faults) as (store,), _api(store, data_dir) as api:
-            await _eventually(lambda: store.is_leader)
+            await eventually(lambda: store.is_leader)
             tokens = []
             for _ in range(2):
                 _, session = await _call(api, "POST", "/v1/sessions", json={"ttl_ms": 60_000})
@@ -374,7 +361,7 @@ def test_unfenced_locks__a_waiter_granted_on_release_gets_the_first_token(tmp_pa
     async def body(faults: Faults) -> Any:
         data_dir = tmp_path / str(faults.names())
         async with _leader_alone(data_dir, faults) as (store,), _api(store, data_dir) as api:
-            await _eventually(lambda: store.is_leader)
+            await eventually(lambda: store.is_leader)
             sessions = []
             for _ in range(2):
                 _, session = await _call(api, "POST", "/v1/sessions", json={"ttl_ms": 60_000})
@@ -390,7 +377,7 @@ def test_unfenced_locks__a_waiter_granted_on_release_gets_the_first_token(tmp_pa
                     json={"session_id": sessions[1], "wait_s": 4.0},
                 )
             )
-            await _eventually(
+            await eventually(
                 lambda: store.replica.read(lambda m: any(lock.waiters for lock in m.locks.values()))
             )
             await _call(api, "POST", "/v1/locks/queued/release", json={"session_id": sessions[0]})
@@ -420,7 +407,7 @@ def test_local_clock_leases__a_jump_of_the_leaders_clock_expires_sessions(
         clock = _JumpingClock()
         configs = _configs(tmp_path / str(faults.names()), 1)
         async with _stores(configs, faults, clock=clock) as (store,):
-            await _eventually(lambda: store.is_leader)
+            await eventually(lambda: store.is_leader)
             granted = await store.propose(SessionGrant(ttl_ms=30_000))
             session_id = granted.result.unwrap()["session_id"]
             clock.ahead_ms = 60_000

@@ -323,3 +323,23 @@ def test_run_times_are_learned_per_tenant_and_entrypoint_and_feed_the_estimate()
     view = cluster_view(driver.machine, PlacementSettings())
     estimate = next(task.estimate_ms for task in view.tasks if task.job_id == pending)
     assert estimate == stats.mean_ms + 2 * stats.deviation_ms
+
+
+def test_regions_without_gpus_are_chosen_by_price_and_carbon_too() -> None:
+    """In CPU mode a task's slot is billed as one device, so the cheaper, cleaner region wins
+    where speed and load are equal, though its name sorts last."""
+    driver = Driver()
+    for name, price, carbon in (("a-dear", 4.0, 600.0), ("b-cheap", 1.0, 50.0)):
+        driver.ok(
+            RegionRegister(
+                name=name,
+                http_address="h:1",
+                raft_address=f"{name}:1",
+                cpu_slots=2,
+                price_per_gpu_hour=price,
+                carbon_g_per_kwh=carbon,
+            )
+        )
+        driver.ok(RegionHeartbeat(name=name))
+    job_id = _submit(driver, "cpu-task")
+    assert _apply_all(driver) == [(job_id, 0, "b-cheap")]
