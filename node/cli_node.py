@@ -31,6 +31,7 @@ _NODE_FLAGS = {
     "http_address": "http.address",
     "data_dir": "data_dir",
     "cluster_secret_file": "raft.cluster_secret_file",
+    "insecure": "raft.insecure",
 }
 
 
@@ -118,6 +119,12 @@ def node() -> None:
 @click.option("--http-address", metavar="HOST:PORT", help="Address for the API (http.address).")
 @click.option("--data-dir", metavar="DIR", help="Data directory (data_dir).")
 @click.option("--cluster-secret-file", metavar="FILE", help="File holding the cluster secret.")
+@click.option(
+    "--insecure",
+    is_flag=True,
+    default=None,
+    help="Allow Raft off loopback without a cluster secret (raft.insecure; logged at every start).",
+)
 @_set_option(meaning="Any setting")
 @click.option(
     "--check",
@@ -133,7 +140,11 @@ def node_run(config_path: str | None, settings: dict[str, str], check: bool, **f
     """
     from node.config import ConfigError, load_config
 
-    overrides = {_NODE_FLAGS[name]: value for name, value in flags.items() if value is not None}
+    overrides = {
+        _NODE_FLAGS[name]: "true" if value is True else value
+        for name, value in flags.items()
+        if value is not None
+    }
     overrides.update(settings)
     path = None if config_path is None else Path(config_path)
     try:
@@ -169,11 +180,20 @@ def effective_settings(config: NodeConfig, path: Path | None) -> list[tuple[str,
             values[f"raft.{name}"] = getattr(raft, name)
     for name in config.http.__struct_fields__:
         values[f"http.{name}"] = getattr(config.http, name)
+    for name in config.tls.__struct_fields__:
+        values[f"tls.{name}"] = getattr(config.tls, name)
     # A token's digest is not the token, but it is all an attacker needs to test guesses.
     values["auth.tokens"] = [
         f"{token.name} (role {token.role}, tenant {token.tenant})" for token in config.auth.tokens
     ]
+    values["auth.tokens_file"] = config.auth.tokens_file
     values["auth.open_health"] = config.auth.open_health
+    for name in config.audit.__struct_fields__:
+        values[f"audit.{name}"] = getattr(config.audit, name)
+    for name in config.scheduler.__struct_fields__:
+        values[f"scheduler.{name}"] = getattr(config.scheduler, name)
+    for name in config.executor.__struct_fields__:
+        values[f"executor.{name}"] = getattr(config.executor, name)
     for name in config.log.__struct_fields__:
         values[f"log.{name}"] = getattr(config.log, name)
     rows = []

@@ -25,12 +25,14 @@ from xrcore.errors import InvalidArgument
 
 __all__ = [
     "ROLES",
+    "AuditConfig",
     "AuthConfig",
     "ConfigError",
     "ExecutorConfig",
     "HttpConfig",
     "NodeConfig",
     "RegionConfig",
+    "TlsConfig",
     "TokenConfig",
     "hash_token",
     "load_config",
@@ -76,6 +78,13 @@ class RaftSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     cluster_secret: str | None = None
     cluster_secret_file: str | None = None
     bind_address: str | None = None
+    # Let Raft listen or connect off loopback without a cluster secret (the `--insecure` flag):
+    # anyone who reaches the port can then run code on this node. Logged at every start.
+    insecure: bool = False
+    # "write": a write is acknowledged once a majority has it in its journal file (the page
+    # cache: it survives a crash of the process, not a power loss of a majority). "fsync": the
+    # journal is synced to disk before the write is acknowledged.
+    durability: Literal["write", "fsync"] = _raft_default("durability")
     raft_min_timeout_s: float = _raft_default("raft_min_timeout_s")
     raft_max_timeout_s: float = _raft_default("raft_max_timeout_s")
     append_entries_period_s: float = _raft_default("append_entries_period_s")
@@ -105,6 +114,31 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     shutdown_grace_s: float = 10.0
 
 
+class TlsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """TLS for the HTTP API. With `cert_file` and `key_file` the node serves https only."""
+
+    # PEM files: this node's certificate (with its chain) and private key.
+    cert_file: str | None = None
+    key_file: str | None = None
+    # PEM file of the CA that signs the nodes' and the clients' certificates: verifies client
+    # certificates, and the other nodes when this node forwards a request to one of them.
+    ca_file: str | None = None
+    # Client certificates: "none" (not asked for), "optional" (verified when sent), "required"
+    # (mutual TLS: a caller without a certificate the CA signed is refused in the handshake).
+    client_certs: Literal["none", "optional", "required"] = "none"
+
+
+class AuditConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The audit log: one JSON line per write request (who, what, when, result)."""
+
+    enabled: bool = True
+    # Default: <data_dir>/audit/audit.log.
+    path: str | None = None
+    # The file is rotated at this size; this many rotated files are kept (the oldest deleted).
+    bytes_max: int = 64 << 20
+    files_max: int = 5
+
+
 class TokenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: str
     # SHA-256 of the bearer token, hex (`xr token hash` prints it); the token itself is never
@@ -118,6 +152,10 @@ class AuthConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # No tokens: authentication is off and every caller is an admin of tenant "default" (a local
     # development cluster). With tokens, every request needs one.
     tokens: list[TokenConfig] = []
+    # A TOML file of more tokens (`[[tokens]]` tables, as above), read at start and again
+    # whenever it changes or the node gets SIGHUP: tokens are added, rotated and revoked without
+    # a restart. An invalid file is refused with a logged error and the previous tokens stay.
+    tokens_file: str | None = None
     # Leave /healthz, /readyz and /metrics open to callers without a token.
     open_health: bool = True
 
@@ -174,7 +212,9 @@ class _File(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     region: RegionConfig
     raft: RaftSection
     http: HttpConfig = HttpConfig()
+    tls: TlsConfig = TlsConfig()
     auth: AuthConfig = AuthConfig()
+    audit: AuditConfig = AuditConfig()
     executor: ExecutorConfig = ExecutorConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     log: LogConfig = LogConfig()
@@ -190,12 +230,22 @@ class NodeConfig:
     executor: ExecutorConfig
     log: LogConfig
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     # Where the settings came from, for `xr node run --check` and the logs (secrets left out).
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def http_advertise_address(self) -> str:
         return self.http.advertise_address or self.http.address
+
+    @property
+    def http_scheme(self) -> str:
+        return "https" if self.tls.cert_file else "http"
+
+    @property
+    def audit_path(self) -> Path:
+        return Path(self.audit.path) if self.audit.path else self.data_dir / "audit" / "audit.log"
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -225,7 +275,9 @@ def _known_settings() -> dict[str, Any]:
         RegionConfig,
         RaftSection,
         HttpConfig,
+        TlsConfig,
         AuthConfig,
+        AuditConfig,
         ExecutorConfig,
         SchedulerConfig,
         LogConfig,
@@ -235,7 +287,9 @@ def _known_settings() -> dict[str, Any]:
             RegionConfig: "region",
             RaftSection: "raft",
             HttpConfig: "http",
+            TlsConfig: "tls",
             AuthConfig: "auth",
+            AuditConfig: "audit",
             ExecutorConfig: "executor",
             SchedulerConfig: "scheduler",
             LogConfig: "log",
@@ -347,6 +401,8 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
     except InvalidArgument as error:
         raise ConfigError(f"setting {error}") from None
     _check_http(parsed.http)
+    _check_tls(parsed.tls)
+    _check_audit(parsed.audit)
     _check_region(parsed.region)
     _check_auth(parsed.auth)
     _check_executor(parsed.executor)
@@ -360,6 +416,8 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
         executor=parsed.executor,
         log=parsed.log,
         scheduler=parsed.scheduler,
+        tls=parsed.tls,
+        audit=parsed.audit,
         sources=sources,
     )
 
@@ -407,6 +465,36 @@ def _check_http(http: HttpConfig) -> None:
         "shutdown_grace_s",
     ):
         _check_positive(f"http.{name}", getattr(http, name))
+
+
+def _check_tls(tls: TlsConfig) -> None:
+    """The shape only; the node loads the files at start (`node.tls`) and names a bad one."""
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise ConfigError("settings tls.cert_file and tls.key_file must be set together")
+    if tls.client_certs != "none":
+        if tls.cert_file is None:
+            raise ConfigError(
+                f"setting tls.client_certs: {tls.client_certs!r} needs TLS "
+                "(tls.cert_file and tls.key_file)"
+            )
+        if tls.ca_file is None:
+            raise ConfigError(
+                f"setting tls.client_certs: {tls.client_certs!r} needs tls.ca_file, the CA "
+                "that signs client certificates"
+            )
+    for name in ("cert_file", "key_file", "ca_file"):
+        value = getattr(tls, name)
+        if value is not None and not Path(value).is_file():
+            raise ConfigError(f"setting tls.{name}: {value!r} is not a readable file")
+
+
+def _check_audit(audit: AuditConfig) -> None:
+    if audit.bytes_max < 4096:
+        raise ConfigError(f"setting audit.bytes_max: must be at least 4096 (got {audit.bytes_max})")
+    if not 1 <= audit.files_max <= 1000:
+        raise ConfigError(
+            f"setting audit.files_max: must be between 1 and 1000 (got {audit.files_max})"
+        )
 
 
 def _check_region(region: RegionConfig) -> None:

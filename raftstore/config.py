@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Literal
 
 from xrcore.errors import InvalidArgument
 
@@ -48,6 +49,11 @@ class RaftConfig:
     # is reachable on loopback only (pysyncobj's own default is every interface). Set it when
     # the advertised address is not on this host (NAT), e.g. "0.0.0.0:7001".
     bind_address: str | None = None
+    # Allow Raft off loopback without a cluster secret (`xr node run --insecure`).
+    insecure: bool = False
+    # "write": the journal is written (to the page cache) before a write is acknowledged;
+    # "fsync": it is also synced to disk (docs/durability.md).
+    durability: Literal["write", "fsync"] = "write"
 
     # Election timeout bounds: a follower that hears nothing for a random time in this range
     # starts an election. They bound failover time: the first of the followers times out after
@@ -126,11 +132,15 @@ class RaftConfig:
             )
         listened = (self.self_address, self.bind_address or self.self_address, *self.peers)
         off_loopback = [a for a in dict.fromkeys(listened) if not _is_loopback(a)]
-        if off_loopback and not self.cluster_secret:
+        if self.durability not in ("write", "fsync"):
+            raise InvalidArgument(
+                f'raft.durability must be "write" or "fsync", got {self.durability!r}'
+            )
+        if off_loopback and not self.cluster_secret and not self.insecure:
             raise InvalidArgument(
                 f"raft.cluster_secret is required when Raft listens or connects off loopback "
                 f"({', '.join(off_loopback)}): without it anyone who reaches the port can run "
-                "code on this node"
+                "code on this node (--insecure allows it)"
             )
 
     @property
