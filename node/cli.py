@@ -28,6 +28,7 @@ from node.cli_kv import kv
 from node.cli_lock import lock, session
 from node.cli_node import demo, node, token, up, version
 from node.cli_tenant import tenant
+from node.cli_tls import tls
 
 __all__ = ["main", "xr"]
 
@@ -45,7 +46,7 @@ def xr(context: click.Context) -> None:
 
     Start a local cluster with `xr up`, then use the other commands with the endpoints it
     prints (XR_ENDPOINTS). Every client command takes --endpoints, --token, --token-file,
-    --config, --json and --timeout.
+    --config, --json, --timeout, and --ca-file, --cert-file and --key-file for TLS.
     """
     if context.invoked_subcommand is None:
         click.echo(context.get_help())
@@ -54,6 +55,7 @@ def xr(context: click.Context) -> None:
 
 for command in (up, kv, lock, session, job, region, cluster, tenant, token, node, demo, version):
     xr.add_command(command)
+xr.add_command(tls)
 
 
 def main(argv: list[str] | None = None) -> int:

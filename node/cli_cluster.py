@@ -17,6 +17,7 @@ from node.cli_common import (
     format_time_ms,
     key_values,
     non_empty,
+    open_client,
     options,
     resolve_settings,
     table,
@@ -39,13 +40,12 @@ def cluster_status() -> int:
     An endpoint that does not answer is shown with its error; the command fails only when none
     answers.
     """
-    from xrcore.client import Client
     from xrcore.errors import XrError
 
     settings = resolve_settings(options(), os.environ)
 
     def ask(endpoint: str) -> dict[str, Any]:
-        client = Client([endpoint], token=settings.token, timeout_s=settings.timeout_s)
+        client = open_client(settings, endpoints=[endpoint])
         try:
             return {"endpoint": endpoint, **to_document(client.cluster.status())}
         except XrError as error:

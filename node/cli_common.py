@@ -2,9 +2,12 @@
 printed, and how failures become one line on stderr and an exit code.
 
 The connection settings come from, in order (first found wins): the command's flags
-(`--endpoints`, `--token`, `--token-file`, `--timeout`), the environment (`XR_ENDPOINTS`,
-`XR_TOKEN`), the client configuration file (`--config` or `XR_CLIENT_CONFIG`, a small TOML file
-with `endpoints`, `token` or `token_file`, and `timeout_s`), then the defaults.
+(`--endpoints`, `--token`, `--token-file`, `--timeout`, `--ca-file`, `--cert-file`,
+`--key-file`), the environment (`XR_ENDPOINTS`, `XR_TOKEN`, `XR_CA_FILE`, `XR_CERT_FILE`,
+`XR_KEY_FILE`), the client configuration file (`--config` or `XR_CLIENT_CONFIG`, a small TOML
+file with `endpoints`, `token` or `token_file`, `timeout_s`, `ca_file`, `cert_file` and
+`key_file`), then the defaults. The TLS files are for `https://` endpoints: the CA that signed the
+nodes' certificates, and the client certificate and key a cluster with mutual TLS asks for.
 
 Exit codes: 0 success, 1 a definite error (the request certainly did not take effect), 2 a usage
 error, 3 an indefinite error (it may have taken effect: a timeout, a lost leader, an unreachable
@@ -50,6 +53,7 @@ __all__ = [
     "json_output",
     "key_values",
     "non_empty",
+    "open_client",
     "resolve_settings",
     "table",
     "to_document",
@@ -62,7 +66,8 @@ EXIT_DEFINITE = 1
 EXIT_USAGE = 2
 EXIT_INDEFINITE = 3
 EXIT_INTERRUPTED = 130
-_CONFIG_KEYS = frozenset({"endpoints", "token", "token_file", "timeout_s"})
+_TLS_KEYS = ("ca_file", "cert_file", "key_file")
+_CONFIG_KEYS = frozenset({"endpoints", "token", "token_file", "timeout_s", *_TLS_KEYS})
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -107,6 +112,9 @@ class ClientOptions:
     config_file: str | None = None
     json: bool = False
     timeout_s: float | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +124,10 @@ class ClientSettings:
     endpoints: list[str]
     token: str | None
     timeout_s: float
+    # PEM files for TLS (`https://` endpoints); None: the default.
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
 
 def _remember(
@@ -157,7 +169,8 @@ _OPTIONS: list[Callable[[F], F]] = [
         metavar="FILE",
         expose_value=False,
         callback=_remember("config_file"),
-        help="Client configuration (TOML: endpoints, token or token_file, timeout_s) "
+        help="Client configuration (TOML: endpoints, token or token_file, timeout_s, ca_file, "
+        "cert_file, key_file) "
         "[env XR_CLIENT_CONFIG].",
     ),
     click.option(
@@ -177,6 +190,29 @@ _OPTIONS: list[Callable[[F], F]] = [
         expose_value=False,
         callback=_remember("timeout_s"),
         help=f"Seconds to wait for each request [default {DEFAULT_TIMEOUT_S:g}].",
+    ),
+    click.option(
+        "--ca-file",
+        metavar="FILE",
+        expose_value=False,
+        callback=_remember("ca_file"),
+        help="PEM file of the CA that signed the nodes' certificates, for https:// endpoints "
+        "[env XR_CA_FILE; default: the system's CAs].",
+    ),
+    click.option(
+        "--cert-file",
+        metavar="FILE",
+        expose_value=False,
+        callback=_remember("cert_file"),
+        help="PEM client certificate, for a cluster that requires one (mutual TLS) "
+        "[env XR_CERT_FILE].",
+    ),
+    click.option(
+        "--key-file",
+        metavar="FILE",
+        expose_value=False,
+        callback=_remember("key_file"),
+        help="PEM key of the client certificate (unencrypted) [env XR_KEY_FILE].",
     ),
 ]
 
@@ -244,7 +280,7 @@ def _read_client_config(path: str) -> dict[str, Any]:
             f"{where}: endpoints must be a list of URLs or a comma-separated string",
             param_hint="--config",
         )
-    for name in ("token", "token_file"):
+    for name in ("token", "token_file", *_TLS_KEYS):
         if name in document and not isinstance(document[name], str):
             raise click.BadParameter(f"{where}: {name} must be a string", param_hint="--config")
     timeout_s = document.get("timeout_s")
@@ -285,16 +321,38 @@ def resolve_settings(given: ClientOptions, environ: Mapping[str, str]) -> Client
     else:
         token = None
     timeout_s = given.timeout_s or float(file.get("timeout_s", DEFAULT_TIMEOUT_S))
-    return ClientSettings(endpoints=endpoints, token=token, timeout_s=timeout_s)
+    tls_files: dict[str, str | None] = {}
+    for name in _TLS_KEYS:
+        flag = getattr(given, name)
+        variable = f"XR_{name.upper()}"
+        tls_files[name] = flag or environ.get(variable) or file.get(name)
+    return ClientSettings(endpoints=endpoints, token=token, timeout_s=timeout_s, **tls_files)
+
+
+def open_client(settings: ClientSettings, *, endpoints: Sequence[str] | None = None) -> Client:
+    """A client with the settings (to `endpoints` instead, when given); the caller closes it. A
+    TLS file that does not load is a usage error."""
+    # Imported here so `xr --help` and the node commands do not load the HTTP client.
+    from xrcore.client import Client
+
+    try:
+        return Client(
+            list(settings.endpoints if endpoints is None else endpoints),
+            token=settings.token,
+            timeout_s=settings.timeout_s,
+            ca_file=settings.ca_file,
+            cert_file=settings.cert_file,
+            key_file=settings.key_file,
+        )
+    except ValueError as error:
+        # The endpoints were checked already, so it is a TLS file.
+        raise CommandFailed("tls.invalid", str(error), exit_code=EXIT_USAGE) from None
 
 
 @contextmanager
 def connect() -> Iterator[Client]:
     """A client for the cluster the options name, closed when the command ends."""
     settings = resolve_settings(options(), os.environ)
-    # Imported here so `xr --help` and the node commands do not load the HTTP client.
-    from xrcore.client import Client
-
     # The client logs what it also raises (a lost lock) and the command reports it itself;
     # with no logging set up, Python would print those records to stderr as well. A handler
     # here stops that; records still reach any handlers configured higher up.
@@ -302,7 +360,7 @@ def connect() -> Iterator[Client]:
     if not client_log.handlers:
         client_log.addHandler(logging.NullHandler())
 
-    client = Client(settings.endpoints, token=settings.token, timeout_s=settings.timeout_s)
+    client = open_client(settings)
     try:
         yield client
     finally:

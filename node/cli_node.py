@@ -153,6 +153,15 @@ def node_run(config_path: str | None, settings: dict[str, str], check: bool, **f
         click.echo(f"xr node run: invalid configuration: {error}", err=True)
         return EXIT_USAGE
     if check:
+        # Load the TLS files too, so a bad certificate shows here rather than at start.
+        from node.tls import client_context, server_context
+
+        try:
+            server_context(config.tls)
+            client_context(config.tls)
+        except ConfigError as error:
+            click.echo(f"xr node run: invalid configuration: {error}", err=True)
+            return EXIT_USAGE
         click.echo(f"configuration is valid (region {config.region.name})")
         click.echo(_settings_table(config, path))
         return 0

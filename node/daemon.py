@@ -6,6 +6,10 @@ heartbeats with its inventory, places pending tasks while it leads, runs its reg
 (`node.executor`), logs leader changes, and on SIGTERM or SIGINT shuts down gracefully: it stops
 taking requests, lets in-flight ones finish (up to `http.shutdown_grace_s`), hands leadership to a
 caught-up follower if it leads, then stops the store and closes its files.
+
+With `tls.cert_file` the API is served over https only (`node.tls`), and requests forwarded to
+other nodes go over https too. Secrets (the cluster secret, tokens) are never logged; Raft running
+off loopback without a cluster secret (`raft.insecure`) is logged as a warning at every start.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from typing import Any
 from aiohttp import web
 
 from node.api.app import SERVICES, create_app
-from node.config import NodeConfig
+from node.api.cluster import FORWARD_SSL_CONTEXT
+from node.config import ConfigError, NodeConfig
 from node.executor.executor import Executor
 from node.executor.inventory import detect as detect_inventory
 from node.executor.inventory import to_gpus
+from node.tls import client_context, server_context
 from raftstore.faults import NO_FAULTS, Faults, FaultsRefused
 from raftstore.store import RaftStore
 from raftstore.testnet import Drops
@@ -35,7 +41,7 @@ from xrcore.errors import StaleSchedule, XrError
 from xrcore.placement import PlacementSettings, place
 from xrcore.scheduler import SchedulerSettings
 
-__all__ = ["Node", "configure_logging", "run"]
+__all__ = ["Node", "configure_logging", "log_raft_security", "run"]
 
 log = logging.getLogger("xr.node")
 HEARTBEAT_INTERVAL_S = 2.0
@@ -79,8 +85,13 @@ class Node:
         self, config: NodeConfig, *, faults: Faults = NO_FAULTS, drops: Drops | None = None
     ) -> None:
         self.config = config
+        # Loaded before anything starts, so a bad file stops the node with a ConfigError.
+        self.ssl_context = server_context(config.tls)
+        forward_ssl_context = client_context(config.tls)
         self.store = RaftStore(config.raft, faults=faults, drops=drops)
         self.app = create_app(config, store=self.store)
+        if forward_ssl_context is not None:
+            self.app[FORWARD_SSL_CONTEXT] = forward_ssl_context
         self.runner: web.AppRunner | None = None
         self._duties: list[asyncio.Task[None]] = []
         self.inventory = detect_inventory(config.region.cpu_slots)
@@ -94,16 +105,23 @@ class Node:
             )
 
     async def start(self) -> None:
+        log_raft_security(self.config)
         await self.store.start()
         self.runner = web.AppRunner(
             self.app,
             access_log=None,
             handler_cancellation=True,
             shutdown_timeout=self.config.http.shutdown_grace_s,
+            # aiohttp's default of 8,190 bytes refused request lines the API document allows
+            # (long names and query values, each character up to 12 bytes percent-encoded;
+            # found by tests/node/test_schemathesis.py).
+            max_line_size=16_384,
         )
         await self.runner.setup()
         host, _, port = self.config.http.address.rpartition(":")
-        site = web.TCPSite(self.runner, host, int(port), reuse_address=True)
+        site = web.TCPSite(
+            self.runner, host, int(port), reuse_address=True, ssl_context=self.ssl_context
+        )
         await site.start()
         self._duties = [
             asyncio.create_task(self._register_and_heartbeat()),
@@ -113,9 +131,11 @@ class Node:
         if self.executor is not None:
             await self.executor.start()
         log.info(
-            "region %s serving http://%s (raft %s, peers %s, data %s)",
+            "region %s serving %s://%s%s (raft %s, peers %s, data %s)",
             self.config.region.name,
+            self.config.http_scheme,
             self.config.http.address,
+            _client_certificates_note(self.config),
             self.config.raft.self_address,
             ",".join(self.config.raft.peers) or "-",
             self.config.data_dir,
@@ -235,6 +255,35 @@ class Node:
                 log.info("could not hand leadership to %s: %s", member["address"], error)
 
 
+def _client_certificates_note(config: NodeConfig) -> str:
+    if config.tls.cert_file is None or config.tls.client_certs == "none":
+        return ""
+    return f" (client certificates {config.tls.client_certs})"
+
+
+def log_raft_security(config: NodeConfig) -> None:
+    """Warns, at every start, when `raft.insecure` lets Raft run off loopback without a cluster
+    secret, and when it is set but has no effect (so it is not left on by mistake)."""
+    raft = config.raft
+    if not raft.insecure:
+        return
+    off_loopback = raft.off_loopback_addresses
+    if off_loopback and not raft.cluster_secret:
+        log.warning(
+            "raft.insecure (--insecure) is set and Raft runs off loopback (%s) without a cluster "
+            "secret: Raft traffic is unauthenticated and unencrypted, and anyone who reaches the "
+            "Raft port can run code on this node. Set raft.cluster_secret_file on every node.",
+            ", ".join(off_loopback),
+        )
+    else:
+        reason = "a cluster secret is set" if raft.cluster_secret else "Raft is on loopback only"
+        log.warning(
+            "raft.insecure (--insecure) is set but has no effect (%s); remove it so it cannot "
+            "take effect unnoticed when addresses change",
+            reason,
+        )
+
+
 async def serve(
     config: NodeConfig, *, faults: Faults = NO_FAULTS, drops: Drops | None = None
 ) -> None:
@@ -244,7 +293,10 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signal_number, stop.set)
-    print(f"xr node {config.region.name} ready at http://{config.http.address}", flush=True)
+    print(
+        f"xr node {config.region.name} ready at {config.http_scheme}://{config.http.address}",
+        flush=True,
+    )
     await stop.wait()
     log.info("stopping region %s", config.region.name)
     await node.stop()
@@ -266,6 +318,10 @@ def run(config: NodeConfig) -> int:
         uvloop.run(serve(config, faults=faults, drops=drops))
     except ImportError:  # pragma: no cover - uvloop is a dependency outside Windows
         asyncio.run(serve(config, faults=faults, drops=drops))
+    except ConfigError as error:
+        # A TLS file that does not load; `xr node run` exits 2 for every invalid setting.
+        log.error("cannot start region %s: invalid configuration: %s", config.region.name, error)
+        return 2
     except OSError as error:
         log.error("cannot start region %s: %s", config.region.name, error)
         return 1

@@ -130,8 +130,7 @@ class RaftConfig:
                 f"raft.append_entries_batch_bytes ({self.append_entries_batch_bytes}): pickling "
                 "can double an entry twice, and chunked entries hit a pysyncobj bug"
             )
-        listened = (self.self_address, self.bind_address or self.self_address, *self.peers)
-        off_loopback = [a for a in dict.fromkeys(listened) if not _is_loopback(a)]
+        off_loopback = self.off_loopback_addresses
         if self.durability not in ("write", "fsync"):
             raise InvalidArgument(
                 f'raft.durability must be "write" or "fsync", got {self.durability!r}'
@@ -142,6 +141,12 @@ class RaftConfig:
                 f"({', '.join(off_loopback)}): without it anyone who reaches the port can run "
                 "code on this node (--insecure allows it)"
             )
+
+    @property
+    def off_loopback_addresses(self) -> list[str]:
+        """The Raft addresses this replica listens on or connects to that are not loopback."""
+        listened = (self.self_address, self.bind_address or self.self_address, *self.peers)
+        return [address for address in dict.fromkeys(listened) if not _is_loopback(address)]
 
     @property
     def journal_file(self) -> Path:

@@ -2,10 +2,13 @@
 
 Leadership transfer must be asked of the leader; a follower forwards the request to the leader's
 HTTP address (known from the leader's region registration) with the caller's credentials.
+With TLS on (`tls.cert_file`), forwarded requests go over https, verify the other node against
+`tls.ca_file` and present this node's certificate (`node.tls.client_context`).
 """
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import aiohttp
@@ -14,13 +17,18 @@ from aiohttp import web
 from node.api.app import principal, read, services
 from node.api.auth import Permission
 from node.api.wire import field, read_body, reject_unknown, respond
+from node.config import NodeConfig
+from node.tls import client_context
 from xrcore import regions
 from xrcore.errors import ClusterUnavailable, NotFound, error_from_code
 
-__all__ = ["routes"]
+__all__ = ["FORWARD_SSL_CONTEXT", "forward_target", "routes"]
 
 routes = web.RouteTableDef()
 _FORWARD_TIMEOUT_S = 15.0
+# The client context for requests to other nodes, loaded once at start by the daemon; an app
+# without it (built in a test) loads one from the configuration per forwarded request.
+FORWARD_SSL_CONTEXT = web.AppKey("forward_ssl_context", ssl.SSLContext)
 
 
 @routes.get("/v1/regions")
@@ -151,14 +159,19 @@ async def _forward(
     headers = {"Xr-Forwarded": "1"}
     if "Authorization" in request.headers:
         headers["Authorization"] = request.headers["Authorization"]
-    url = f"http://{http_address}{request.path_qs}"
+    base_url, ssl_context = forward_target(
+        services(request).config, http_address, request.app.get(FORWARD_SSL_CONTEXT)
+    )
+    url = f"{base_url}{request.path_qs}"
     method = "GET" if body is None else "POST"
     try:
         async with (
             aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S)
             ) as session,
-            session.request(method, url, json=body, headers=headers) as answer,
+            session.request(
+                method, url, json=body, headers=headers, ssl=ssl_context or True
+            ) as answer,
         ):
             document = await answer.json()
             status = answer.status
@@ -170,3 +183,13 @@ async def _forward(
     if not isinstance(document, dict):
         raise ClusterUnavailable(f"region {region_name} answered with something not an object")
     return respond(request, document, status=status)
+
+
+def forward_target(
+    config: NodeConfig, http_address: str, loaded: ssl.SSLContext | None = None
+) -> tuple[str, ssl.SSLContext | None]:
+    """The base URL of another node's API and the TLS context to reach it with (None: plain
+    http). Every node of a cluster has the same TLS settings, so this node's settings decide."""
+    if config.tls.cert_file is None:
+        return f"http://{http_address}", None
+    return f"https://{http_address}", loaded or client_context(config.tls)

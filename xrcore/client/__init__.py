@@ -11,6 +11,9 @@
     client.cluster   status, members, transfer_leader
     client.health()  client.session(ttl_s=...)  client.lock(name, ttl_s=..., wait_s=...)
 
+Endpoints are URLs (`https://10.0.0.1:8700`) or a bare `host:port` (plain http); `ca_file`,
+`cert_file` and `key_file` set up TLS and mutual TLS (docs/security.md).
+
 Calls fail over between the given endpoints and retry until their deadline; writes carry an
 idempotency key so the cluster applies each exactly once however often it is retried. Errors are
 the classes of `xrcore.errors`, rebuilt from the server's error codes, plus `LockLost`,

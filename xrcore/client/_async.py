@@ -41,7 +41,10 @@ class AsyncClient:
     of one call, all tries on all endpoints together (a long poll adds its wait). `client_id`: the
     name under which the cluster remembers this client's writes for exactly-once retries; random
     unless given. `retry_s`: how long a long-lived loop (a watch, `jobs.wait`) rides out a cluster
-    that answers no call before it raises.
+    that answers no call before it raises. `ca_file`: PEM file of the CA that signed the
+    nodes' certificates, for `https://` endpoints (default: the system's CAs). `cert_file` and
+    `key_file`: this client's certificate and key, for a cluster that requires client
+    certificates (mutual TLS). A bare `host:port` endpoint is plain http.
     """
 
     def __init__(
@@ -52,11 +55,20 @@ class AsyncClient:
         timeout_s: float = 10.0,
         client_id: str | None = None,
         retry_s: float = 30.0,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
     ) -> None:
         if retry_s < 0:
             raise ValueError(f"retry_s must not be negative, got {retry_s}")
         self._transport = Transport(
-            endpoints, token=token, timeout_s=timeout_s, client_id=client_id
+            endpoints,
+            token=token,
+            timeout_s=timeout_s,
+            client_id=client_id,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
         )
         self._keepers: set[_Keeper] = set()
         self.kv = AsyncKv(self._transport, retry_s=retry_s)

@@ -424,10 +424,20 @@ class Client:
         timeout_s: float = 10.0,
         client_id: str | None = None,
         retry_s: float = 30.0,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
     ) -> None:
         # Built before the thread starts, so a bad argument leaves no thread behind.
         self._async = AsyncClient(
-            endpoints, token=token, timeout_s=timeout_s, client_id=client_id, retry_s=retry_s
+            endpoints,
+            token=token,
+            timeout_s=timeout_s,
+            client_id=client_id,
+            retry_s=retry_s,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
         )
         self._loop = _Loop()
         self.kv = Kv(self._loop, self._async.kv)

@@ -19,6 +19,10 @@ The rules, in the order a call meets them:
 6. Deadline passed: `Timeout` (indefinite) when some try may have reached the state machine (a
    write sent without an answer, or answered with an indefinite error); `ClusterUnavailable`
    (definite) when no try could have.
+
+`https://` endpoints are verified against `ca_file` (the system's CAs when it is not given);
+`cert_file` and `key_file` are the client certificate a node asks for under mutual TLS. A bare
+`host:port` is plain http.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import asyncio
 import logging
 import random
 import secrets
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,7 +43,7 @@ import yarl
 
 from xrcore.errors import ClusterUnavailable, Timeout, XrError, error_from_code
 
-__all__ = ["Transport", "normalize_endpoint"]
+__all__ = ["Transport", "normalize_endpoint", "tls_context"]
 
 log = logging.getLogger("xr.client")
 
@@ -68,6 +73,50 @@ def normalize_endpoint(endpoint: str) -> str:
     return text.rstrip("/")
 
 
+def tls_context(
+    *, ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext | None:
+    """The TLS context for `https://` endpoints, or None for the default (the system's CAs, no
+    client certificate) when no file is given. Raises ValueError naming a file that does not
+    load. `cert_file` may hold the key too, in which case `key_file` is not needed."""
+    if ca_file is None and cert_file is None and key_file is None:
+        return None
+    if key_file is not None and cert_file is None:
+        raise ValueError("key_file needs cert_file, the certificate the key belongs to")
+    if ca_file is None:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    else:
+        # Only this CA: a cluster with its own CA is not whoever a public CA vouches for.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            context.load_verify_locations(cadata=_read("ca_file", ca_file).decode("ascii"))
+        except (UnicodeDecodeError, ssl.SSLError) as error:
+            raise ValueError(f"ca_file {ca_file!r}: not PEM CA certificates ({error})") from None
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file is not None:
+        # Read here first so a missing file is named; `ssl` would not say which one.
+        _read("cert_file", cert_file)
+        if key_file is not None:
+            _read("key_file", key_file)
+        try:
+            # An empty passphrase rather than none: OpenSSL would prompt on the terminal.
+            context.load_cert_chain(cert_file, key_file, password="")
+        except ssl.SSLError as error:
+            raise ValueError(
+                f"cert_file {cert_file!r} and key_file {key_file!r}: not a PEM certificate and "
+                f"its unencrypted key ({error.reason or error})"
+            ) from None
+    return context
+
+
+def _read(name: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as error:
+        raise ValueError(f"{name} {path!r}: cannot read it: {error.strerror}") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Answer:
     status: int
@@ -86,6 +135,9 @@ class Transport:
         token: str | None = None,
         timeout_s: float = 10.0,
         client_id: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
     ) -> None:
         listed = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not listed:
@@ -96,6 +148,7 @@ class Transport:
         self.timeout_s = timeout_s
         self.client_id = client_id or f"client-{secrets.token_hex(8)}"
         self._token = token
+        self._tls = tls_context(ca_file=ca_file, cert_file=cert_file, key_file=key_file)
         # Seqs start at the wall clock in microseconds, so a client restarted with the same
         # `client_id` keeps drawing seqs above those of its previous run and never receives a
         # result stored for an older write.
@@ -124,7 +177,8 @@ class Transport:
             raise RuntimeError("the client is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=256),
+                # True: aiohttp's default verification with the system's CAs.
+                connector=aiohttp.TCPConnector(limit=256, ssl=self._tls or True),
                 timeout=aiohttp.ClientTimeout(total=None),
             )
         return self._session
