@@ -40,9 +40,17 @@ def _fail(field: str, expected: str, value: Any) -> None:
     raise InvalidArgument(f"{field} must be {expected}, got {type(value).__name__} {value!r:.80}")
 
 
+# msgpack writes integers from -2**63 to 2**64 - 1; a struct must be encodable, so a larger one
+# (JSON and query strings carry any size) is refused here and not by the encoder later.
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 64) - 1
+
+
 def _check_int(field: str, value: Any) -> None:
     if type(value) is not int:
         _fail(field, "an integer", value)
+    if not INT_MIN <= value <= INT_MAX:
+        raise InvalidArgument(f"{field} must be between {INT_MIN} and {INT_MAX}, got {value}")
 
 
 def _check_float(field: str, value: Any) -> None:

@@ -20,7 +20,10 @@ from xrcore.model import KeyRecord, KvEvent
 if TYPE_CHECKING:
     from xrcore.state import StateMachine
 
-__all__ = ["KeyRecord", "delete", "delete_key", "get", "put", "range_", "watch"]
+__all__ = ["REVISION_MAX", "KeyRecord", "delete", "delete_key", "get", "put", "range_", "watch"]
+
+# Revisions are signed 64-bit on the wire; a watch cannot start beyond the last one.
+REVISION_MAX = (1 << 63) - 1
 
 
 def _compare(record: KeyRecord | None, expected_mod_revision: int | None, key: str) -> None:
@@ -160,8 +163,10 @@ def watch(machine: StateMachine, from_revision: int, *, limit: int = 100) -> dic
     """Changes with revision >= `from_revision`, oldest first, at most `limit`.
     Raises `Compacted` when some of them are no longer retained."""
     check_page_limit(limit)
-    if from_revision < 1:
-        raise InvalidArgument(f"from_revision must be >= 1, got {from_revision}")
+    if not 1 <= from_revision <= REVISION_MAX:
+        raise InvalidArgument(
+            f"from_revision must be between 1 and {REVISION_MAX}, got {from_revision}"
+        )
     history = machine.history
     oldest = history[0].revision if history else machine.revision + 1
     if from_revision < oldest:
@@ -170,7 +175,8 @@ def watch(machine: StateMachine, from_revision: int, *, limit: int = 100) -> dic
             f"current is {machine.revision}"
         )
     skip = from_revision - oldest
-    selected = list(islice(history, skip, skip + limit))
+    # A revision beyond the history selects nothing (islice refuses a bound past sys.maxsize).
+    selected = list(islice(history, skip, skip + limit)) if skip < len(history) else []
     events = [
         {
             "revision": event.revision,

@@ -221,6 +221,10 @@ class ClientRecord(msgspec.Struct, kw_only=True):
 
     last_seen_ms: int  # lease clock
     results: dict[int, Result] = {}
+    # The command type each stored result answered ("kv.put"), so that a seq reused for another
+    # kind of command is refused instead of answered with a result of the wrong shape. Records
+    # from snapshots written before it have none, and are not checked.
+    command_types: dict[int, str] = {}
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from xrcore import codec, commands, jobs, kv, locks, regions, sessions, tenants
-from xrcore.errors import CapacityExceeded, RequestTooOld, XrError
+from xrcore.errors import CapacityExceeded, InvalidArgument, RequestTooOld, XrError
 from xrcore.limits import DEFAULT_LIMITS, Limits
 from xrcore.model import (
     ClientRecord,
@@ -136,7 +136,7 @@ class StateMachine:
         if client_id is not None and seq is not None and command.records_result:
             try:
                 record = self._client(client_id)
-                stored = self._stored_result(record, seq)
+                stored = self._stored_result(record, seq, _type_of(command))
             except XrError as error:
                 return Applied(index=index, result=_failure(error), effects=self._take_effects())
             if stored is not None:
@@ -148,7 +148,7 @@ class StateMachine:
         except XrError as error:
             result = _failure(error)
         if record is not None and seq is not None:
-            self._store_result(record, seq, result)
+            self._store_result(record, seq, _type_of(command), result)
         return Applied(index=index, result=result, effects=self._take_effects())
 
     def _take_effects(self) -> tuple[Effect, ...]:
@@ -222,9 +222,17 @@ class StateMachine:
                 break
             del self.clients[client_id]
 
-    def _stored_result(self, record: ClientRecord, seq: int) -> Result | None:
+    def _stored_result(self, record: ClientRecord, seq: int, command_type: str) -> Result | None:
         stored = record.results.get(seq)
         if stored is not None:
+            stored_type = record.command_types.get(seq, command_type)
+            if stored_type != command_type:
+                # A retry repeats its command; another command under a used seq is a client's
+                # bug, and the stored result (of another shape) is not its answer.
+                raise InvalidArgument(
+                    f"seq {seq} of this client was used for a {stored_type} command, not "
+                    f"{command_type}; a new request needs a new seq"
+                )
             return stored
         if len(record.results) >= self.limits.results_per_client_max:
             oldest_seq = min(record.results)
@@ -235,10 +243,15 @@ class StateMachine:
                 )
         return None
 
-    def _store_result(self, record: ClientRecord, seq: int, result: Result) -> None:
+    def _store_result(
+        self, record: ClientRecord, seq: int, command_type: str, result: Result
+    ) -> None:
         record.results[seq] = result
+        record.command_types[seq] = command_type
         while len(record.results) > self.limits.results_per_client_max:
-            del record.results[min(record.results)]
+            oldest_seq = min(record.results)
+            del record.results[oldest_seq]
+            record.command_types.pop(oldest_seq, None)
 
     # KV index upkeep shared by kv and sessions.
 
@@ -304,6 +317,13 @@ class StateMachine:
         machine.attempt_deadlines = jobs.live_deadlines(machine)
         heapq.heapify(machine.attempt_deadlines)
         return machine
+
+
+def _type_of(command: commands.Command) -> str:
+    """The command's type tag on the wire ("kv.put")."""
+    tag = type(command).__struct_config__.tag
+    assert isinstance(tag, str), f"{type(command).__name__} has no string tag"
+    return tag
 
 
 def _failure(error: XrError) -> Result:

@@ -27,7 +27,7 @@ from aiohttp import web
 from node.api.app import CLIENT_ID_HEADER, INDEX_HEADER, REQUEST_ID_HEADER, SEQ_HEADER, services
 from node.api.jobs import JOB_STATES
 from node.api.wire import MSGPACK, respond
-from xrcore import limits
+from xrcore import kv, limits
 from xrcore._validate import NAME_BYTES_MAX, NAME_PATTERN
 from xrcore.codec import SEQ_MAX
 from xrcore.commands import ENTRYPOINT_PATTERN, JobSpec
@@ -741,7 +741,7 @@ def _parameters(*, wait_max_s: float) -> dict[str, Any]:
         ),
         "from_revision": _query(
             "from_revision",
-            {"type": "integer", "minimum": 1},
+            {"type": "integer", "minimum": 1, "maximum": kv.REVISION_MAX},
             "The first revision to watch (a read's revision + 1, or the previous answer's "
             "`next_revision`). Required unless Last-Event-ID is sent.",
         ),
@@ -1132,6 +1132,7 @@ OPERATIONS: tuple[Operation, ...] = (
         parameters=("tenant_name",),
         body="TenantSet",
         write=True,
+        errors=(403,),
     ),
     # Regions and the cluster.
     Operation(

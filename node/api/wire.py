@@ -10,7 +10,6 @@ Query parameters are parsed here, each with a message naming the parameter.
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,7 +136,9 @@ def value_from_body(body: Mapping[str, Any]) -> bytes:
         text = field(body, "value_base64", str)
         try:
             return base64.b64decode(text, validate=True)
-        except binascii.Error:
+        except ValueError:
+            # binascii.Error for bad characters or padding; a plain ValueError for text that is
+            # not ASCII at all.
             raise InvalidArgument("value_base64 is not valid base64") from None
     value = field(body, "value", (str, bytes))
     if isinstance(value, str):
