@@ -26,6 +26,7 @@ import pysyncobj.syncobj as syncobj_module
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import Transport
 
+from raftstore import frames
 from raftstore.config import RaftConfig
 from raftstore.guards import back_off_to_commit_index, keep_matching_entries
 from xrcore import Applied, StateMachine
@@ -137,6 +138,8 @@ class Replica(SyncObj):
             # Listen where this node says it is, not on every interface.
             bindAddress=config.bind_address or config.self_address,
         )
+        # Strangers on the Raft port may not announce frames bigger than a handshake.
+        frames.install()
         super().__init__(
             config.self_address,
             list(config.peers),

@@ -1,0 +1,81 @@
+"""A bound on what an unauthenticated peer can make a member buffer on the Raft port.
+
+pysyncobj 0.3.17 frames peer traffic as a 4-byte signed length and then the message, and it
+trusts the length before it authenticates anything: a connection that announces a 2 GiB frame
+and keeps sending is buffered in full (by repeated concatenation) before the Fernet check, with
+or without a cluster secret, and a negative length is never refused. Anyone who reaches the
+port could so exhaust a member's memory (found by tests/raftstore/test_raft_port_garbage.py's
+author; docs/robustness.md).
+
+The first message on every connection is a handshake of a few dozen bytes (the connecting
+member's address, or with a secret a 32-byte random key, each wrapped in a Fernet token), so
+until a connection has delivered one message that parsed (and, with a secret, authenticated),
+a frame longer than `HANDSHAKE_FRAME_BYTES_MAX` or a negative length closes it. After that the
+peer has shown it holds the secret (or, without one, it is on loopback, which xr trusts), and
+frames are bounded only by pysyncobj's own batching.
+
+Installed once, on import of `raftstore.replica`'s dependencies, by patching pysyncobj's
+`TcpConnection`: the patch changes nothing for a well-behaved peer.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from pysyncobj.tcp_connection import TcpConnection
+
+__all__ = ["HANDSHAKE_FRAME_BYTES_MAX", "install"]
+
+# A handshake frame is under 200 bytes (a Fernet token of a 32-byte key or an address); this
+# leaves room for long host names while bounding what a stranger can make a member hold.
+HANDSHAKE_FRAME_BYTES_MAX = 64 << 10
+
+_PARSE = "_TcpConnection__processParseMessage"
+_READ = "_TcpConnection__processRead"
+_BUFFER = "_TcpConnection__readBuffer"
+_TRUSTED = "_xr_trusted"
+
+
+def _frame_allowed(connection: Any) -> bool:
+    buffer: bytes = getattr(connection, _BUFFER)
+    if len(buffer) < 4:
+        return True
+    (length,) = struct.unpack("i", buffer[:4])
+    if length < 0:
+        return False
+    return bool(getattr(connection, _TRUSTED, False)) or length <= HANDSHAKE_FRAME_BYTES_MAX
+
+
+def install() -> None:
+    """Patches `TcpConnection` (idempotent)."""
+    if getattr(TcpConnection, "_xr_frames_installed", False):
+        return
+    original_read = getattr(TcpConnection, _READ)
+    original_parse = getattr(TcpConnection, _PARSE)
+
+    def process_read(connection: Any) -> bool:
+        more: bool = original_read(connection)
+        if more and not _frame_allowed(connection):
+            connection.disconnect()
+            return False
+        return more
+
+    def process_parse(connection: Any) -> Any:
+        if not _frame_allowed(connection):
+            connection.disconnect()
+            return None
+        message = original_parse(connection)
+        if message is not None:
+            setattr(connection, _TRUSTED, True)
+        return message
+
+    def disconnect(connection: Any, _original: Any = TcpConnection.disconnect) -> None:
+        # A connection object is reused for the next connection to the same peer.
+        setattr(connection, _TRUSTED, False)
+        _original(connection)
+
+    setattr(TcpConnection, _READ, process_read)
+    setattr(TcpConnection, _PARSE, process_parse)
+    TcpConnection.disconnect = disconnect  # type: ignore[method-assign]
+    TcpConnection._xr_frames_installed = True  # type: ignore[attr-defined]

@@ -1,0 +1,93 @@
+"""A stranger on the Raft port cannot make a member buffer more than a handshake's worth.
+
+pysyncobj trusts a frame's announced length before authenticating it (`raftstore.frames`): these
+tests announce a huge and a negative length on a member's Raft port and stream data after it; the
+member must hang up long before the stream ends, and keep committing writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+
+from raftstore.config import RaftConfig
+from raftstore.frames import HANDSHAKE_FRAME_BYTES_MAX
+from raftstore.store import RaftStore
+from xrcore.commands import KvPut
+
+pytestmark = pytest.mark.integration
+
+SECRET = "frames-cluster-secret"
+# What the stranger tries to send after its length prefix: far more than a handshake.
+STREAM_BYTES = 16 << 20
+CHUNK_BYTES = 64 << 10
+# How long to wait for the member to hang up once the stream is sent (not asserted as a bound).
+HANG_UP_WAIT_S = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _stream_after(port: int, prefix: bytes) -> tuple[int, bool]:
+    """Sends `prefix` and then zeros in chunks; answers (bytes sent, whether the member hung
+    up)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sent = 0
+    hung_up = False
+    try:
+        writer.write(prefix)
+        chunk = bytes(CHUNK_BYTES)
+        while sent < STREAM_BYTES:
+            writer.write(chunk)
+            await writer.drain()
+            sent += len(chunk)
+    except ConnectionError:
+        hung_up = True
+    if not hung_up:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HANG_UP_WAIT_S):
+                try:
+                    hung_up = await reader.read(1) == b""
+                except ConnectionError:
+                    hung_up = True
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
+    return sent, hung_up
+
+
+@pytest.mark.parametrize("secret", [SECRET, None], ids=["with-secret", "loopback-no-secret"])
+def test_raft_port__a_huge_or_negative_frame_length__is_hung_up_on_and_the_member_commits(
+    tmp_path: Path, secret: str | None
+) -> None:
+    asyncio.run(_scenario(tmp_path, secret))
+
+
+async def _scenario(tmp_path: Path, secret: str | None) -> None:
+    port = _free_port()
+    store = RaftStore(
+        RaftConfig(
+            self_address=f"127.0.0.1:{port}",
+            peers=(),
+            data_dir=tmp_path / "raft",
+            cluster_secret=secret,
+        )
+    )
+    await store.start()
+    try:
+        for length in (1 << 30, HANDSHAKE_FRAME_BYTES_MAX + 1, -5):
+            sent, hung_up = await _stream_after(port, struct.pack("i", length))
+            assert hung_up, f"length {length}: the member read {sent} bytes and kept listening"
+            assert sent < STREAM_BYTES, f"length {length}: the member took the whole stream"
+        applied = await store.propose(KvPut(key="after", value=b"still here"), timeout_s=30.0)
+        assert applied.result.unwrap() is not None
+    finally:
+        await store.stop()
