@@ -77,5 +77,5 @@ def install() -> None:
 
     setattr(TcpConnection, _READ, process_read)
     setattr(TcpConnection, _PARSE, process_parse)
-    TcpConnection.disconnect = disconnect  # type: ignore[method-assign]
-    TcpConnection._xr_frames_installed = True  # type: ignore[attr-defined]
+    setattr(TcpConnection, "disconnect", disconnect)  # noqa: B010
+    setattr(TcpConnection, "_xr_frames_installed", True)  # noqa: B010
