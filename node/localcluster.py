@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["LocalCluster", "LocalNode", "free_ports"]
 
@@ -64,7 +66,25 @@ class LocalNode:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        scheme = "https" if self.settings.get("tls.cert_file") else "http"
+        return f"{scheme}://{self.host}:{self.http_port}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """For a node given `tls.*` settings: trusts its `tls.ca_file` and, for nodes that ask for
+        client certificates, presents the node's own certificate (`xr tls make-ca` makes
+        certificates good for both ends)."""
+        if not self.settings.get("tls.cert_file"):
+            return None
+        context = ssl.create_default_context(cafile=self.settings.get("tls.ca_file"))
+        if self.settings.get("tls.client_certs", "none") != "none":
+            context.load_cert_chain(self.settings["tls.cert_file"], self.settings["tls.key_file"])
+        return context
+
+    def get(self, path: str, *, timeout_s: float) -> Any:
+        """GET `path` from this node's API (https when it serves TLS); the open answer."""
+        return urllib.request.urlopen(
+            f"{self.url}{path}", timeout=timeout_s, context=self.ssl_context()
+        )
 
     def command(self) -> list[str]:
         command = [
@@ -112,14 +132,14 @@ class LocalNode:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1.0) as answer:
+            with self.get("/healthz", timeout_s=1.0) as answer:
                 return bool(answer.status == 200)
         except (OSError, urllib.error.URLError):
             return False
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2.0) as answer:
+            with self.get("/readyz", timeout_s=2.0) as answer:
                 return bool(json.load(answer).get("ready"))
         except (OSError, urllib.error.URLError, ValueError):
             return False
@@ -256,7 +276,7 @@ class LocalCluster:
             if not node.running or node.paused:
                 continue
             try:
-                with urllib.request.urlopen(f"{node.url}/v1/cluster/status", timeout=1.0) as answer:
+                with node.get("/v1/cluster/status", timeout_s=1.0) as answer:
                     status = json.load(answer)
             except (OSError, urllib.error.URLError, ValueError):
                 continue

@@ -315,14 +315,6 @@ def _https_url(node: LocalNode) -> str:
     return f"https://{node.host}:{node.http_port}"
 
 
-def _ready(node: LocalNode, context: ssl.SSLContext) -> bool:
-    assert node.running, node.log_tail()
-    try:
-        return bool(_get(f"{_https_url(node)}/readyz", context)[1].get("ready"))
-    except (OSError, ValueError):
-        return False
-
-
 @pytest.fixture(scope="module")
 def tls_cluster(
     tmp_path_factory: pytest.TempPathFactory, certificates: CertificateFiles
@@ -341,9 +333,8 @@ def tls_cluster(
     for node in local.nodes:
         node.start()
     try:
-        context = _https_context(certificates, "alice", ca=certificates)
-        for node in local.nodes:
-            _eventually(lambda node=node: _ready(node, context), f"{node.region} ready")
+        # LocalCluster speaks https to nodes given tls.* settings, with their own certificate.
+        local.wait_ready(timeout_s=WAIT_S)
         yield local
     finally:
         local.kill()
@@ -380,6 +371,14 @@ def test_https__with_the_ca_and_a_client_certificate__answers(
         :12
     ] == (b"HTTP/1.1 200")
     assert "serving https://" in node.log_tail(20_000)
+
+
+@pytest.mark.integration
+def test_local_cluster__reaches_tls_nodes_over_https_with_their_certificates(
+    tls_cluster: LocalCluster,
+) -> None:
+    assert all(node.url.startswith("https://") for node in tls_cluster.nodes)
+    assert _eventually(tls_cluster.leader, "a leader seen over https") in tls_cluster.nodes
 
 
 @pytest.mark.integration
