@@ -9,12 +9,27 @@ Snapshots go through xrcore's codec, never pickle: the snapshot file holds xrcor
 and, beside them, pysyncobj's own log metadata (the last applied entries and the member set) in
 pysyncobj's encoding, which is what pysyncobj itself would have written.
 
+Durability (`RaftConfig.durability`): in "write" mode the journal is pysyncobj's own, written to
+the page cache and never synced. In "fsync" mode the journal is a `DurableJournal` and every
+message the replica sends waits in an `Outbox`: once per tick phase (before the tick, before the
+poller waits, after it) the outbox syncs the journal if it changed, then sends what waited. So a
+follower's appended entries are on disk before its answer leaves, the leader's own entries are on
+disk before any follower can acknowledge them (and so before the leader counts itself in a commit
+quorum), a member alone syncs before the tick that commits, and many entries share one sync.
+Term and vote are written to disk (temporary file, fsync, rename, directory fsync) before the
+call that changes them returns, so before any vote leaves.
+
 Threads: every method here runs on the tick driver's thread, except `read`, which any thread may
 call; `state_lock` keeps a read from seeing a group half applied.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import os
+import struct
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,18 +39,39 @@ import msgspec
 import pysyncobj.pickle as pysyncobj_pickle
 import pysyncobj.syncobj as syncobj_module
 from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
 from raftstore import frames
 from raftstore.config import RaftConfig
 from raftstore.guards import back_off_to_commit_index, keep_matching_entries
 from xrcore import Applied, StateMachine
-from xrcore.errors import CodecError
+from xrcore.errors import CodecError, InvalidArgument
 from xrcore.limits import DEFAULT_LIMITS, ENVELOPE_BYTES_MAX, Limits
 
-__all__ = ["GROUP_COMMANDS_MAX", "Replica", "decode_group", "encode_group"]
+__all__ = [
+    "GROUP_COMMANDS_MAX",
+    "DurableJournal",
+    "FileSync",
+    "Outbox",
+    "Replica",
+    "decode_group",
+    "decode_raft_snapshot",
+    "encode_group",
+    "encode_raft_snapshot",
+    "fsync_directory",
+    "journal_file_sync",
+    "repair_journal",
+    "seed_data_dir",
+    "write_file_durably",
+]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
+# pysyncobj's journal module: its FileJournal is not in the stub (xr uses it only here).
+_journal_module: Any = importlib.import_module("pysyncobj.journal")
+# SyncObj's tick, which `Replica._onTick` wraps (not in the stub).
+_sync_obj_on_tick: Callable[[Any, float], None] = getattr(SyncObj, "_onTick")  # noqa: B009
 
 # A log entry holds at most this many commands; a group beyond it is malformed.
 GROUP_COMMANDS_MAX = 4_096
@@ -50,8 +86,11 @@ def encode_group(entries: list[bytes]) -> bytes:
     return _group_encoder.encode(entries)
 
 
-def decode_group(data: bytes) -> list[bytes]:
-    """The encoded envelopes of a group; `CodecError` if it is not a list of byte strings."""
+def decode_group(data: Any) -> list[bytes]:
+    """The encoded envelopes of a group; `CodecError` if it is not a list of byte strings (or
+    not bytes at all: a forged log entry may carry any pickled value)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CodecError(f"a command group is bytes, not {type(data).__name__}")
     try:
         entries = _group_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
@@ -97,6 +136,252 @@ class _IncomingSnapshot:
             return None
 
 
+# Durability.
+
+FileSync = Callable[[int], None]
+# The journal's sync where a replica is given none: fdatasync, as etcd's WAL (the file's size is
+# data for fdatasync, so a grown journal is covered).
+journal_file_sync: FileSync = os.fdatasync
+# pysyncobj's journal layout: a 40-byte header whose last 4 bytes are the end of the last record,
+# then records of (4-byte size, 8-byte index, 8-byte term, command, 4-byte size).
+_JOURNAL_HEADER_BYTES = 40
+_JOURNAL_END_OFFSET = 36
+
+
+def fsync_directory(path: Path) -> None:
+    """Makes the names in a directory (a file created or renamed there) durable."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_file_durably(path: Path, data: bytes) -> None:
+    """Replaces `path` with `data` atomically and durably: a temporary file, fsync, rename,
+    directory fsync. A crash at any point leaves the old file or the new one, never a mix."""
+    temporary = path.with_name(path.name + ".tmp-xr")
+    with temporary.open("wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
+def repair_journal(path: Path) -> int:
+    """Cuts a torn tail off a pysyncobj journal file; returns the bytes cut (0 if intact).
+
+    The journal is a memory map the kernel writes back page by page in any order, so after a power
+    loss the header's end offset can point past records that never reached the disk; pysyncobj
+    would then fail to start (or read garbage). A record is kept while its two size fields agree
+    and its index follows the previous one. Only entries written after the last sync can be torn,
+    and in "fsync" mode none of those was acknowledged."""
+    if not path.exists():
+        return 0
+    with path.open("r+b") as file:
+        data = file.read()
+        if len(data) < _JOURNAL_HEADER_BYTES:
+            return 0
+        end = int(struct.unpack_from("<I", data, _JOURNAL_END_OFFSET)[0])
+        offset = _JOURNAL_HEADER_BYTES
+        previous_index: int | None = None
+        limit = min(end, len(data))
+        while offset < end:
+            if offset + 4 > limit:
+                break
+            size = struct.unpack_from("<I", data, offset)[0]
+            if size < 16 or offset + 8 + size > limit:
+                break
+            if struct.unpack_from("<I", data, offset + 4 + size)[0] != size:
+                break
+            index = struct.unpack_from("<Q", data, offset + 4)[0]
+            if previous_index is not None and index != previous_index + 1:
+                break
+            previous_index = index
+            offset += size + 8
+        if offset >= end:
+            return 0
+        file.seek(_JOURNAL_END_OFFSET)
+        file.write(struct.pack("<I", offset))
+        file.flush()
+        os.fsync(file.fileno())
+    log.warning(
+        "journal %s had a torn tail: cut %d bytes after offset %d", path, end - offset, offset
+    )
+    return end - offset
+
+
+class _DurableMetaStorer:
+    """pysyncobj's MetaStorer (term, vote, commit index), writing its file durably."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def getMeta(self) -> Any:
+        try:
+            return pysyncobj_pickle.loads(Path(self._path).read_bytes())
+        except Exception:
+            return {}
+
+    def storeMeta(self, meta: Any) -> None:
+        write_file_durably(Path(self._path), pysyncobj_pickle.dumps(meta))
+
+    def getPath(self) -> str:
+        return self._path
+
+
+class DurableJournal:
+    """pysyncobj's FileJournal, synced to disk when `sync` is called (the `Outbox` calls it).
+
+    Every change marks it dirty; `sync` msyncs the map and syncs the file once for all changes
+    since the last sync. Term and vote (the meta file) are written durably at once. Log compaction
+    (`deleteEntriesTo`) writes the kept entries to a new file and renames it over the journal,
+    rather than rewriting the journal in place as pysyncobj does, so a crash in the middle cannot
+    lose entries the snapshot does not hold."""
+
+    def __init__(self, path: Path, *, file_sync: FileSync = os.fdatasync) -> None:
+        self.path = path
+        self._file_sync = file_sync
+        self._inner = self._open()
+        # Unknown: pysyncobj may have just created the file and written its first entry.
+        self.dirty = True
+        self._directory_synced = False
+        # For tests and status: how many syncs, and the raft index and term on disk after the last.
+        self.syncs = 0
+        self.synced_index = 0
+        self.synced_term = self._inner.getCurrentTerm()
+
+    def _open(self) -> Any:
+        inner = _journal_module.FileJournal(str(self.path))
+        storer = _DurableMetaStorer(str(self.path) + ".meta")
+        setattr(inner, "_FileJournal__metaStorer", storer)  # noqa: B010 - name-mangled
+        return inner
+
+    def sync(self) -> None:
+        if not self.dirty:
+            return
+        mapped = getattr(self._inner, "_FileJournal__journalFile")  # noqa: B009 - name-mangled
+        if sys.platform != "linux":
+            # Linux's fdatasync writes the pages dirtied through the shared map too (msync's
+            # MS_SYNC is the same range sync there); elsewhere msync first.
+            getattr(mapped, "_ResizableFile__mm").flush()  # noqa: B009
+        self._file_sync(getattr(mapped, "_ResizableFile__f").fileno())  # noqa: B009
+        if not self._directory_synced:
+            fsync_directory(self.path.parent)
+            self._directory_synced = True
+        self.dirty = False
+        self.syncs += 1
+        self.synced_index = int(self._inner[-1][1]) if len(self._inner) else 0
+        self.synced_term = self._inner.getCurrentTerm()
+
+    # pysyncobj's Journal interface (its names).
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        self._inner.add(command, idx, term)
+        self.dirty = True
+
+    def clear(self) -> None:
+        self._inner.clear()
+        self.dirty = True
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        self._inner.deleteEntriesFrom(entryFrom)
+        self.dirty = True
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        # pysyncobj renamed the new snapshot into place without a directory sync: the log may
+        # lose what the snapshot holds only once the snapshot is surely the file on disk.
+        fsync_directory(self.path.parent)
+        kept = [self._inner[position] for position in range(entryTo, len(self._inner))]
+        temporary = self.path.with_name(self.path.name + ".compact")
+        temporary.unlink(missing_ok=True)
+        fresh = _journal_module.FileJournal(str(temporary))
+        for entry in kept:
+            fresh.add(*entry)
+        fresh._destroy()
+        with temporary.open("rb") as file:
+            os.fsync(file.fileno())
+        self._inner.onOneSecondTimer()
+        self._inner._destroy()
+        os.replace(temporary, self.path)
+        fsync_directory(self.path.parent)
+        self._inner = self._open()
+        self.syncs += 1
+        self.dirty = False
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._inner[item]
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def _destroy(self) -> None:
+        self._inner._destroy()
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        self._inner.setRaftCommitIndex(raftCommitIndex)
+
+    def getRaftCommitIndex(self) -> int:
+        return int(self._inner.getRaftCommitIndex())
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
+        self._inner.setCurrentTerm(term, votedForNodeId)
+        self.synced_term = term
+
+    def getCurrentTerm(self) -> int:
+        return int(self._inner.getCurrentTerm())
+
+    def getVotedForNodeId(self) -> Any:
+        return self._inner.getVotedForNodeId()
+
+    def onOneSecondTimer(self) -> None:
+        self._inner.onOneSecondTimer()
+
+
+class Outbox:
+    """Holds the messages a replica sends until the journal is on disk: `flush` sends the
+    leading run of leader messages, syncs the journal (if it changed) and then sends, in order,
+    everything else that waited. Any thread may `send`; the tick thread flushes."""
+
+    def __init__(self, journal: DurableJournal, send: Callable[[Any, Any], Any]) -> None:
+        self.journal = journal
+        self._send = send
+        self._lock = threading.Lock()
+        self._messages: list[tuple[Any, Any]] = []
+
+    def send(self, node: Any, message: Any) -> bool:
+        with self._lock:
+            self._messages.append((node, message))
+        return True
+
+    # What a leader sends: its entries may leave before they are on its own disk (Raft thesis,
+    # 10.2.1: the leader writes its log in parallel with replicating it), since the leader counts
+    # itself toward a commit only on a later tick, after the sync below.
+    _BEFORE_SYNC = frozenset({"append_entries", "apply_command_response"})
+
+    def flush(self) -> None:
+        with self._lock:
+            messages, self._messages = self._messages, []
+        # The leading run of leader messages goes out at once, then the sync overlaps with the
+        # network round trip and the followers' own syncs; the rest (answers, votes) waits.
+        early = 0
+        while (
+            early < len(messages)
+            and isinstance(messages[early][1], dict)
+            and messages[early][1].get("type") in self._BEFORE_SYNC
+        ):
+            early += 1
+        for node, message in messages[:early]:
+            self._send(node, message)
+        self.journal.sync()
+        for node, message in messages[early:]:
+            self._send(node, message)
+
+
 class Replica(SyncObj):
     """One member of the Raft group, holding one `StateMachine`."""
 
@@ -107,12 +392,17 @@ class Replica(SyncObj):
         limits: Limits = DEFAULT_LIMITS,
         transport: Transport | None = None,
         on_applied: Callable[[list[Applied]], None] | None = None,
+        file_sync: FileSync | None = None,
     ) -> None:
+        """`file_sync` syncs the journal's file descriptor in "fsync" mode; by default
+        `journal_file_sync` (tests replace either to count or observe syncs)."""
         # Set before SyncObj.__init__, which may load a snapshot and replay the journal.
         self.machine = StateMachine(limits)
         self.state_lock = threading.Lock()
         self.on_applied = on_applied
+        self.durable = config.durability == "fsync"
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        repair_journal(config.journal_file)
         conf = SyncObjConf(
             autoTick=False,
             appendEntriesUseBatch=False,
@@ -148,6 +438,34 @@ class Replica(SyncObj):
         )
         self._incoming_snapshot = _IncomingSnapshot()
         self._guard_append_entries()
+        self.journal: DurableJournal | None = None
+        self.outbox: Outbox | None = None
+        if self.durable:
+            self._make_durable(config, file_sync or journal_file_sync)
+
+    def _make_durable(self, config: RaftConfig, file_sync: FileSync) -> None:
+        """Swaps pysyncobj's journal for a `DurableJournal` on the same file (nothing has been
+        sent yet: no tick has run) and routes every message through an `Outbox`."""
+        getattr(self, "_SyncObj__raftLog")._destroy()  # noqa: B009 - name-mangled
+        self.journal = DurableJournal(config.journal_file, file_sync=file_sync)
+        setattr(self, "_SyncObj__raftLog", self.journal)  # noqa: B010 - name-mangled
+        transport: Any = getattr(self, "_SyncObj__transport")  # noqa: B009 - name-mangled
+        self.outbox = Outbox(self.journal, transport.send)
+        transport.send = self.outbox.send
+        # Before the poller waits: what this tick appended and sent goes out after one sync.
+        getattr(self, "addOnTickCallback")(self.outbox.flush)  # noqa: B009 - not in the stub
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        outbox = self.outbox
+        if outbox is None:
+            _sync_obj_on_tick(self, timeToWait)
+            return
+        # Before: answers to messages that arrived outside a tick, and whatever a member alone
+        # appended, are on disk before this tick commits or applies anything.
+        outbox.flush()
+        _sync_obj_on_tick(self, timeToWait)
+        # After: the answers to what the poller received are sent after one sync.
+        outbox.flush()
 
     def _guard_append_entries(self) -> None:
         """Works around two pysyncobj 0.3.17 safety bugs in how a follower handles an
@@ -229,6 +547,21 @@ class Replica(SyncObj):
             self.on_applied(results)
         return results
 
+    def _doDestroy(self) -> None:
+        super()._doDestroy()
+        # pysyncobj never closes the pipe that wakes its poller: two descriptors leaked per
+        # replica (a test process making hundreds crossed select()'s limit of 1,024). A late
+        # `notify` must not write into whatever file reuses the number, so it is disarmed first.
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        if notifier is None:
+            return
+        notifier.notify = lambda: None
+        read_fd = getattr(notifier, "_PipeNotifier__pipeR")  # noqa: B009 - name-mangled
+        write_fd = getattr(notifier, "_PipeNotifier__pipeW")  # noqa: B009 - name-mangled
+        self._poller.unsubscribe(read_fd)
+        os.close(read_fd)
+        os.close(write_fd)
+
     def propose_group(self, group: bytes, callback: Callable[[Any, int], None]) -> None:
         """Proposes a group; `callback(results, reason)` runs on the tick thread once it is
         applied here, or has failed. pysyncobj's decorator adds the `callback` argument."""
@@ -248,24 +581,77 @@ class Replica(SyncObj):
 
     # Snapshots.
 
+    # pysyncobj writes the snapshot to a temporary name through `_write_snapshot` and renames it
+    # into place; in "fsync" mode the file is synced before the rename and the directory before
+    # the journal drops what the snapshot holds (`DurableJournal.deleteEntriesTo`).
+
     def _write_snapshot(self, path: str, raft_data: Any) -> None:
         with self.state_lock:
             state = self.machine.snapshot()
-        meta = pysyncobj_pickle.dumps(raft_data)
         with Path(path).open("wb") as file:
-            file.write(SNAPSHOT_MAGIC)
-            file.write(len(meta).to_bytes(8, "big"))
-            file.write(meta)
-            file.write(state)
+            file.write(encode_raft_snapshot(raft_data, state))
+            if self.durable:
+                file.flush()
+                os.fsync(file.fileno())
 
     def _read_snapshot(self, path: str) -> Any:
         data = Path(path).read_bytes()
-        if not data.startswith(SNAPSHOT_MAGIC):
-            raise CodecError(f"{path} is not an xr raft snapshot")
-        offset = len(SNAPSHOT_MAGIC)
-        size = int.from_bytes(data[offset : offset + 8], "big")
-        meta = pysyncobj_pickle.loads(data[offset + 8 : offset + 8 + size])
-        machine = StateMachine.restore(data[offset + 8 + size :])
+        if self.durable:
+            # A snapshot received from the leader was written without a sync; it must be on disk
+            # before the journal is cleared to match it.
+            with Path(path).open("rb") as file:
+                os.fsync(file.fileno())
+            fsync_directory(Path(path).parent)
+        meta, state = decode_raft_snapshot(data, path)
+        machine = StateMachine.restore(state)
         with self.state_lock:
             self.machine = machine
         return meta
+
+
+def encode_raft_snapshot(raft_data: Any, state: bytes) -> bytes:
+    """The snapshot file (`raft.snapshot`): xr's magic, pysyncobj's log metadata (the last two
+    applied entries and the member set, pickled as pysyncobj would) and xrcore's snapshot."""
+    meta = pysyncobj_pickle.dumps(raft_data)
+    return SNAPSHOT_MAGIC + len(meta).to_bytes(8, "big") + meta + state
+
+
+def decode_raft_snapshot(data: bytes, path: str) -> tuple[Any, bytes]:
+    if not data.startswith(SNAPSHOT_MAGIC):
+        raise CodecError(f"{path} is not an xr raft snapshot")
+    offset = len(SNAPSHOT_MAGIC)
+    size = int.from_bytes(data[offset : offset + 8], "big")
+    meta = pysyncobj_pickle.loads(data[offset + 8 : offset + 8 + size])
+    return meta, data[offset + 8 + size :]
+
+
+def seed_data_dir(config: RaftConfig, state: bytes) -> None:
+    """Makes `config.data_dir` the Raft directory of a member of a NEW cluster that starts from
+    `state` (xrcore snapshot bytes): a snapshot file whose log metadata names this cluster's
+    members (pysyncobj takes its member set from the snapshot) and a journal holding just the
+    two entries the snapshot ends at, at raft indexes 1 and 2 of term 1. Every member of the new
+    cluster is seeded the same way, so their logs agree; xrcore's own index, revisions and fencing
+    tokens live in the state and go on from where they were. Refuses a directory that already
+    holds a journal or a snapshot."""
+    StateMachine.restore(state)  # refuse what xrcore cannot read before touching the disk
+    for existing in (config.journal_file, config.snapshot_file):
+        if existing.exists():
+            raise InvalidArgument(f"{existing} exists: restore only into a new data directory")
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    no_op = bytes([1])  # pysyncobj's _COMMAND_TYPE.NO_OP
+    first, last = (no_op, 1, 1), (no_op, 2, 1)
+    members = {TCPNode(address) for address in (config.self_address, *config.peers)}
+    write_file_durably(config.snapshot_file, encode_raft_snapshot((last, first, members), state))
+    journal = _journal_module.FileJournal(str(config.journal_file))
+    setattr(  # noqa: B010 - name-mangled
+        journal, "_FileJournal__metaStorer", _DurableMetaStorer(str(config.journal_file) + ".meta")
+    )
+    journal.add(*first)
+    journal.add(*last)
+    journal.setCurrentTerm(1, None)
+    journal.setRaftCommitIndex(2)
+    journal.onOneSecondTimer()
+    journal._destroy()
+    with config.journal_file.open("rb") as file:
+        os.fsync(file.fileno())
+    fsync_directory(config.data_dir)

@@ -32,7 +32,7 @@ from pysyncobj.transport import Transport
 from raftstore.clock import Clock, RealClock
 from raftstore.config import RaftConfig
 from raftstore.faults import NO_FAULTS, Fault, Faults
-from raftstore.replica import Replica, encode_group
+from raftstore.replica import FileSync, Replica, encode_group
 from raftstore.testnet import Drops
 from xrcore import Applied, Envelope, StateMachine, encode
 from xrcore.commands import Command, Tick
@@ -117,7 +117,9 @@ class RaftStore:
         transport: Transport | None = None,
         faults: Faults = NO_FAULTS,
         drops: Drops | None = None,
+        file_sync: FileSync | None = None,
     ) -> None:
+        """`file_sync` syncs the journal in "fsync" durability (tests count its calls)."""
         self.config = config
         self.clock = clock or RealClock()
         # Test-only deliberate bugs (`raftstore.faults`); none outside a test run.
@@ -130,7 +132,11 @@ class RaftStore:
         self._applied_event = asyncio.Event()
         self._applied_waiters = 0
         self.replica = Replica(
-            config, limits=limits, transport=transport, on_applied=self._on_applied
+            config,
+            limits=limits,
+            transport=transport,
+            on_applied=self._on_applied,
+            file_sync=file_sync,
         )
         # Test-only message drops (`raftstore.testnet`): jepsen-lite's partitions on loopback.
         self.drops = drops
@@ -386,6 +392,7 @@ class RaftStore:
         raw = self.replica.getStatus()
         leader = raw["leader"]
         contact_s = self.replica.last_contact_s()
+        journal = self.replica.journal
         members = []
         for peer in self.config.peers:
             members.append(
@@ -411,6 +418,9 @@ class RaftStore:
             "groups_in_flight": len(self._groups),
             "proposals_in_flight": self._in_flight_commands,
             "members": members,
+            "durability": self.config.durability,
+            # Journal syncs since start ("fsync" mode; None in "write" mode, which never syncs).
+            "journal_syncs": None if journal is None else journal.syncs,
         }
 
     async def transfer_leadership(self, address: str, *, timeout_s: float = 5.0) -> None:

@@ -264,3 +264,14 @@ def test_replicas_under_other_hash_seeds__end_in_the_same_state(tmp_path: Path) 
             check=True,
         )
         assert child.stdout.strip() == expected, child.stderr
+
+
+@pytest.mark.parametrize("group", [123, None, "text", [b"a"], {"a": b"b"}, 1.5])
+def test_a_group_that_is_not_bytes__applies_nothing_like_other_malformed_groups(
+    replicas: list[Replica], group: Any
+) -> None:
+    """A forged log entry may carry any pickled value: every replica rejects it the same way."""
+    replica = replicas[0]
+    before = (replica.machine.index, state_hash(replica.machine))
+    assert apply(replica, group) == []
+    assert (replica.machine.index, state_hash(replica.machine)) == before
