@@ -54,6 +54,12 @@ BENCHMARKS = (
         "etcd 3.4, 3 members on loopback, same load generator, interleaved in the same run",
     ),
     Benchmark(
+        "durability",
+        ("bench/durability.py", "--duration", "2", "--rounds", "2"),
+        240,
+        "etcd 3.4 with fsync (its default), 3 members on loopback, interleaved in the same run",
+    ),
+    Benchmark(
         "failover",
         ("bench/failover.py", "--trials", "3"),
         240,

@@ -27,6 +27,7 @@ from node.cli_job import job
 from node.cli_kv import kv
 from node.cli_lock import lock, session
 from node.cli_node import demo, node, token, up, version
+from node.cli_snapshot import snapshot
 from node.cli_tenant import tenant
 from node.cli_tls import tls
 
@@ -56,6 +57,7 @@ def xr(context: click.Context) -> None:
 for command in (up, kv, lock, session, job, region, cluster, tenant, token, node, demo, version):
     xr.add_command(command)
 xr.add_command(tls)
+xr.add_command(snapshot)
 
 
 def main(argv: list[str] | None = None) -> int:

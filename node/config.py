@@ -107,6 +107,10 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     wait_max_s: float = 60.0
     # Requests waiting on a lock, a watch or a job at once; beyond it 429.
     waiting_requests_max: int = 1_000
+    # Requests being handled at once (besides health checks and waiting requests, which have
+    # their own bound); beyond it 429 with Retry-After, so admitted requests keep a bounded
+    # latency under overload.
+    requests_in_flight_max: int = 256
     # Server-Sent Event streams open at once.
     streams_max: int = 200
     request_timeout_s: float = 10.0
@@ -134,7 +138,8 @@ class AuditConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     enabled: bool = True
     # Default: <data_dir>/audit/audit.log.
     path: str | None = None
-    # The file is rotated at this size; this many rotated files are kept (the oldest deleted).
+    # The file is rotated at this size; at most files_max files are kept in all: the live one and
+    # files_max - 1 rotated ones (the oldest deleted).
     bytes_max: int = 64 << 20
     files_max: int = 5
 
@@ -460,6 +465,7 @@ def _check_http(http: HttpConfig) -> None:
         "body_bytes_max",
         "wait_max_s",
         "waiting_requests_max",
+        "requests_in_flight_max",
         "streams_max",
         "request_timeout_s",
         "shutdown_grace_s",

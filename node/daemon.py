@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -315,11 +316,13 @@ def run(config: NodeConfig) -> int:
     try:
         import uvloop
 
-        uvloop.run(serve(config, faults=faults, drops=drops))
+        run_loop: Callable[[Coroutine[Any, Any, None]], None] = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency outside Windows
-        asyncio.run(serve(config, faults=faults, drops=drops))
+        run_loop = asyncio.run
+    try:
+        run_loop(serve(config, faults=faults, drops=drops))
     except ConfigError as error:
-        # A TLS file that does not load; `xr node run` exits 2 for every invalid setting.
+        # A TLS or tokens file that does not load; `xr node run` exits 2 for every invalid setting.
         log.error("cannot start region %s: invalid configuration: %s", config.region.name, error)
         return 2
     except OSError as error:

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -191,6 +191,16 @@ class NodeMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        # Requests being handled now, besides those with bounds of their own: the admission
+        # middleware's count (`node.api.admission`), which refuses beyond
+        # `http.requests_in_flight_max`.
+        self.requests_in_flight = 0
+        Gauge(
+            "xr_http_requests_in_flight",
+            "HTTP requests being handled, besides health checks, streams and waits "
+            "(bounded by http.requests_in_flight_max).",
+            registry=self.registry,
+        ).set_function(lambda: self.requests_in_flight)
         self.leader_changes = PromCounter(
             "xr_raft_leader_changes",
             "Leader changes this node has seen since it started.",

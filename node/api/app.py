@@ -2,9 +2,14 @@
 
 `create_app(config, store=..., clock=...)` builds the aiohttp application with every dependency
 injected; `node.daemon` builds the real ones. One middleware does, in order: a request id, the
-caller's identity, the error mapping (`{"error": {"code", "message", "definite"}}` with the
-status of the error's class; 429 and 503 carry `Retry-After`), metrics and an access log line.
-Handlers stay thin: parse, call `write` or `read`, shape the answer.
+caller's identity and the route's rule (`node.api.auth.ROUTE_RULES`: 401 or 403 before the
+handler runs), the error mapping (`{"error": {"code", "message", "definite"}}` with the status of
+the error's class; 429 and 503 carry `Retry-After`), metrics, an access log line and, for a
+write, an audit line (`node.api.audit`). Handlers stay thin: parse, call `write` or `read`, shape
+the answer.
+
+SIGHUP makes the node read `auth.tokens_file` again (installed when the application starts on
+the main thread, as `node.daemon` runs it).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import contextlib
 import itertools
 import logging
 import secrets
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -21,7 +28,8 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from node.api.auth import Authenticator, Permission, Principal
+from node.api.audit import READ_METHODS, AuditLog
+from node.api.auth import Access, Authenticator, Permission, Principal, rule_for
 from node.api.wire import respond
 from node.config import NodeConfig
 from node.metrics import NodeMetrics
@@ -64,11 +72,9 @@ CLIENT_ID_HEADER = "Xr-Client-Id"
 SEQ_HEADER = "Xr-Seq"
 REQUEST_ID_HEADER = "Xr-Request-Id"
 INDEX_HEADER = "Xr-Index"
+# Open without a token while auth.open_health is set (`Access.OPEN_HEALTH` in
+# `node.api.auth.ROUTE_RULES`, which decides; admission control reads this set).
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-# Paths anyone may read whatever the configuration: the API's own description, and the web
-# dashboard's page and files (`node.api.ui.STATIC_FILES`: they hold no data; its data routes
-# need a token like any other).
-PUBLIC_PATHS = frozenset({"/v1/openapi.json", "/ui", "/ui/app.js", "/ui/style.css"})
 
 
 @dataclass
@@ -78,6 +84,8 @@ class Services:
     clock: Clock
     auth: Authenticator
     metrics: NodeMetrics
+    # Open while the application runs, when audit.enabled.
+    audit: AuditLog | None = None
     waiting: int = 0
     streams: int = 0
     # Set on SIGTERM: new waits are refused, running ones end early.
@@ -223,7 +231,7 @@ def _error_response(request: web.Request, error: XrError, status: int) -> web.Re
     return response
 
 
-def _http_error(request: web.Request, error: web.HTTPException) -> web.Response:
+def _http_error(request: web.Request, error: web.HTTPException) -> tuple[web.Response, str]:
     code = {
         404: "not_found",
         405: "request.method_not_allowed",
@@ -242,7 +250,43 @@ def _http_error(request: web.Request, error: web.HTTPException) -> web.Response:
     )
     if isinstance(error, web.HTTPMethodNotAllowed):
         response.headers["Allow"] = ", ".join(sorted(error.allowed_methods))
-    return response
+    return response, code
+
+
+def _authorize(request: web.Request, node: Services) -> None:
+    """Who is calling, and whether the route lets them: before the handler, for every route."""
+    rule = rule_for(request)
+    if rule is Access.PUBLIC or (rule is Access.OPEN_HEALTH and node.auth.open_health):
+        return
+    caller = node.auth.authenticate(request)
+    request[PRINCIPAL] = caller
+    if isinstance(rule, Permission):
+        caller.require(rule)
+
+
+def _audit(
+    request: web.Request,
+    node: Services,
+    *,
+    status: int | None,
+    error: str | None,
+    request_id: str,
+    index: int | None,
+) -> None:
+    if node.audit is None or request.method in READ_METHODS:
+        return
+    caller = request.get(PRINCIPAL)
+    node.audit.record(
+        principal=caller if isinstance(caller, Principal) else None,
+        method=request.method,
+        path=request.path,
+        route=_route_name(request),
+        status=status,
+        error=error,
+        request_id=request_id,
+        remote=request.remote,
+        index=index,
+    )
 
 
 @web.middleware
@@ -255,29 +299,35 @@ async def _middleware(
         request_id = request_id[:64]
     started_s = time.perf_counter()
     response: web.StreamResponse
+    error_code: str | None = None
     try:
-        open_path = request.path in PUBLIC_PATHS or (
-            node.auth.open_health and request.path in OPEN_PATHS
-        )
-        if not open_path:
-            request[PRINCIPAL] = node.auth.authenticate(request)
+        _authorize(request, node)
         response = await handler(request)
     except XrError as error:
+        error_code = error.code
         response = _error_response(request, error, error.http_status)
     except web.HTTPRequestEntityTooLarge:
-        response = _error_response(
-            request,
-            PayloadTooLarge(
-                f"the request body is larger than this node's maximum of "
-                f"{node.config.http.body_bytes_max} bytes (http.body_bytes_max)"
-            ),
-            413,
+        too_large = PayloadTooLarge(
+            f"the request body is larger than this node's maximum of "
+            f"{node.config.http.body_bytes_max} bytes (http.body_bytes_max)"
         )
+        error_code = too_large.code
+        response = _error_response(request, too_large, 413)
     except web.HTTPException as error:
-        response = _http_error(request, error)
+        response, error_code = _http_error(request, error)
     except (asyncio.CancelledError, ConnectionResetError):
+        # The client went away: the write may still have been applied, so it is audited.
+        _audit(
+            request,
+            node,
+            status=None,
+            error="request.cancelled",
+            request_id=request_id,
+            index=request.get(INDEX),
+        )
         raise
     except Exception:
+        error_code = "xr.internal"
         log.exception(
             "request %s %s failed (request id %s)", request.method, request.path, request_id
         )
@@ -298,6 +348,14 @@ async def _middleware(
         response.headers[REQUEST_ID_HEADER] = request_id
         if INDEX in request:
             response.headers[INDEX_HEADER] = str(request[INDEX])
+    _audit(
+        request,
+        node,
+        status=response.status,
+        error=error_code,
+        request_id=request_id,
+        index=request.get(INDEX),
+    )
     route = _route_name(request)
     node.metrics.observe(route, request.method, response.status, duration_s)
     if access_log.isEnabledFor(logging.DEBUG) or response.status >= 500:
@@ -316,23 +374,105 @@ async def _middleware(
 # The application.
 
 
+async def _audit_log(app: web.Application) -> AsyncIterator[None]:
+    node = app[SERVICES]
+    if node.config.audit.enabled:
+        node.audit = AuditLog(
+            node.config.audit_path,
+            bytes_max=node.config.audit.bytes_max,
+            files_max=node.config.audit.files_max,
+            clock=node.clock,
+        )
+    try:
+        yield
+    finally:
+        if node.audit is not None:
+            node.audit.close()
+            node.audit = None
+
+
+# The authenticators of the applications running on the main thread's loop.
+_HANGUP_LISTENERS: set[Authenticator] = set()
+
+
+async def _reload_tokens_on_hangup(app: web.Application) -> AsyncIterator[None]:
+    """SIGHUP reads auth.tokens_file again. Signal handlers belong to the main thread's loop, so
+    an application served elsewhere (tests) has none; one loop handler serves every
+    application of the process."""
+    auth = app[SERVICES].auth
+    hangup = getattr(signal, "SIGHUP", None)
+    main_thread = threading.current_thread() is threading.main_thread()
+    if auth.tokens_file is None or hangup is None or not main_thread:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    if not _HANGUP_LISTENERS:
+        loop.add_signal_handler(hangup, _hangup)
+    _HANGUP_LISTENERS.add(auth)
+    try:
+        yield
+    finally:
+        _HANGUP_LISTENERS.discard(auth)
+        if not _HANGUP_LISTENERS:
+            loop.remove_signal_handler(hangup)
+
+
+def _hangup() -> None:
+    log.info("SIGHUP: reading auth.tokens_file again")
+    for auth in list(_HANGUP_LISTENERS):
+        auth.reload()
+
+
 def create_app(
     config: NodeConfig,
     *,
     store: RaftStore,
     clock: Clock | None = None,
 ) -> web.Application:
-    from node.api import cluster, health, jobs, kv, locks, openapi, sessions, tenants, ui, watch
+    from node.api import (
+        admission,
+        cluster,
+        health,
+        jobs,
+        kv,
+        locks,
+        openapi,
+        params,
+        sessions,
+        snapshot,
+        tenants,
+        ui,
+        watch,
+    )
 
-    app = web.Application(middlewares=[_middleware], client_max_size=config.http.body_bytes_max)
+    app = web.Application(
+        middlewares=[_middleware, params.middleware, admission.middleware],
+        client_max_size=config.http.body_bytes_max,
+    )
+    clock = clock or RealClock()
     app[SERVICES] = Services(
         config=config,
         store=store,
-        clock=clock or RealClock(),
-        auth=Authenticator(config.auth),
+        clock=clock,
+        # Raises ConfigError for an invalid auth.tokens_file: the node does not start.
+        auth=Authenticator(config.auth, clock=clock),
         metrics=NodeMetrics(store, config.region.name),
     )
-    for module in (health, kv, sessions, locks, jobs, cluster, tenants, watch, openapi, ui):
+    app.cleanup_ctx.append(_audit_log)
+    app.cleanup_ctx.append(_reload_tokens_on_hangup)
+    for module in (
+        health,
+        kv,
+        sessions,
+        locks,
+        jobs,
+        cluster,
+        snapshot,
+        tenants,
+        watch,
+        openapi,
+        ui,
+    ):
         app.router.add_routes(module.routes)
     if getattr(store, "drops", None) is not None:
         # Test runs only (`raftstore.testnet`): not part of the API or its document.

@@ -33,7 +33,7 @@ from xrcore.codec import SEQ_MAX
 from xrcore.commands import ENTRYPOINT_PATTERN, JobSpec
 from xrcore.model import TaskState
 
-__all__ = ["OPERATIONS", "Operation", "document", "routes"]
+__all__ = ["OPERATIONS", "Operation", "document", "parameter_table", "routes"]
 
 routes = web.RouteTableDef()
 
@@ -611,6 +611,21 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
         ),
         "TransferLeader": _object({"region": TEXT}, closed=True),
         "TransferLeaderResult": _object({"leader_region": TEXT, "transferred": BOOLEAN}),
+        # Backups (node.api.snapshot).
+        "Snapshot": _object(
+            {
+                "machine_index": INTEGER,
+                "raft_index": INTEGER,
+                "raft_term": INTEGER,
+                "taken_at_ms": TIME_MS,
+                "state_bytes": INTEGER,
+                "sha256": TEXT,
+                "file": {"type": "string", "contentEncoding": "base64"},
+            }
+        ),
+        "StateHash": _object(
+            {"region": TEXT, "machine_index": INTEGER, "sha256": TEXT, "durability": TEXT}
+        ),
         # The web dashboard (node.api.ui).
         **_ui_state(),
         # Watch.
@@ -1182,6 +1197,27 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=(403, 404, 413),
         description="Any node takes it: a follower forwards it to the leader.",
     ),
+    Operation(
+        method="get",
+        path="/v1/snapshot",
+        operation_id="snapshotSave",
+        summary="A consistent backup of the replicated state (admins)",
+        tag="cluster",
+        answer="Snapshot",
+        errors=(403,),
+        description="Answered after a linearizable read barrier; `file` is the backup file that "
+        "`xr snapshot restore` seeds a new cluster from (docs/durability.md).",
+    ),
+    Operation(
+        method="get",
+        path="/v1/snapshot/hash",
+        operation_id="snapshotHash",
+        summary="This node's applied state: index and SHA-256 (admins)",
+        tag="cluster",
+        answer="StateHash",
+        errors=(403,),
+        description="Local, without a barrier: members at the same index have the same hash.",
+    ),
     # Watch.
     Operation(
         method="get",
@@ -1280,6 +1316,12 @@ def _operation(operation: Operation) -> dict[str, Any]:
 
 
 _TAGS = ("kv", "sessions", "locks", "jobs", "watch", "regions", "cluster", "health", "meta", "ui")
+
+
+def parameter_table() -> dict[str, Any]:
+    """Every parameter by its key in `Operation.parameters`: name, place ("query", "path",
+    "header") and schema (bounds from the configuration at their defaults)."""
+    return _parameters(wait_max_s=60.0)
 
 
 def document(*, wait_max_s: float = 60.0, body_bytes_max: int = 1 << 20) -> dict[str, Any]:

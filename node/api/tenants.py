@@ -1,7 +1,8 @@
 """Tenants' scheduling settings: fair-share weight, GPU and task quotas, price and carbon weights.
 
-Anyone who may read the cluster may list them; only admins set them. A tenant never set has the
-defaults, so setting tenants is optional.
+Anyone who may read the cluster may list them, but a caller without `read_tenants` (the `tenant`
+role) sees only its own tenant's record: the names of the other tenants are theirs. Only admins
+set them. A tenant never set has the defaults, so setting tenants is optional.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ _FIELDS = frozenset({"weight", "gpus_max", "tasks_max", "cost_weight", "carbon_w
 
 @routes.get("/v1/tenants")
 async def list_tenants(request: web.Request) -> web.Response:
-    principal(request, Permission.READ_CLUSTER)
+    caller = principal(request, Permission.READ_CLUSTER)
     result = await read(request, tenants.list_)
-    return respond(request, {**result.value, "stale": result.stale})
+    items = result.value["items"]
+    if not caller.may(Permission.READ_TENANTS):
+        items = [item for item in items if item["name"] == caller.tenant]
+    return respond(request, {**result.value, "items": items, "stale": result.stale})
 
 
 @routes.put("/v1/tenants/{name}")

@@ -43,8 +43,8 @@ __all__ = ["STATIC_FILES", "routes", "snapshot"]
 routes = web.RouteTableDef()
 
 _UI_DIR = Path(__file__).resolve().parent.parent / "ui"
-# The page's files: URL path -> (file name, content type). `node.api.app.PUBLIC_PATHS` lists the
-# same paths, so they are served without a token.
+# The page's files: URL path -> (file name, content type). `node.api.auth.ROUTE_RULES` makes the
+# same paths public, so they are served without a token.
 STATIC_FILES: dict[str, tuple[str, str]] = {
     "/ui": ("index.html", "text/html; charset=utf-8"),
     "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),

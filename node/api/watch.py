@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from functools import partial
 from typing import Any
 
@@ -74,14 +75,26 @@ def _event_view(caller: Principal, event: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# An event id is a revision in decimal digits only: `int()` alone also takes "-5", " 5" and "1_0".
+_EVENT_ID = re.compile(r"[0-9]+")
+
+
 def _start_revision(request: web.Request) -> int:
+    # Checked whenever sent, even when Last-Event-ID takes its place: a request the document
+    # refuses is refused.
+    from_revision = query_int(request, "from_revision", default=None, low=1, high=kv.REVISION_MAX)
     last_id = request.headers.get("Last-Event-ID")
     if last_id is not None:
-        try:
-            return int(last_id) + 1
-        except ValueError:
-            raise InvalidArgument(f"Last-Event-ID must be a revision, got {last_id!r}") from None
-    from_revision = query_int(request, "from_revision", default=None, low=1)
+        if _EVENT_ID.fullmatch(last_id) is None:
+            raise InvalidArgument(
+                f"Last-Event-ID must be a revision (decimal digits only), got {last_id[:80]!r}"
+            )
+        last_revision = int(last_id)
+        if last_revision >= kv.REVISION_MAX:
+            raise InvalidArgument(
+                f"Last-Event-ID must be below {kv.REVISION_MAX}, got {last_id[:80]!r}"
+            )
+        return last_revision + 1
     if from_revision is None:
         raise InvalidArgument(
             "from_revision is required (the first revision to watch; a key's mod_revision + 1 or "

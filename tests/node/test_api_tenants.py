@@ -1,5 +1,5 @@
-"""Tenants' scheduling settings through the API (admins set, everyone who reads the cluster
-lists), and a scheduling pass's reasons in a job's tasks."""
+"""Tenants' scheduling settings through the API (admins set, operators and admins list every
+tenant, a tenant sees only its own record), and a scheduling pass's reasons in a job's tasks."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ from xrcore.placement import place
 pytestmark = pytest.mark.integration
 
 
-def test_an_admin_sets_a_tenant_and_anyone_reading_the_cluster_lists_it(api: ApiNode) -> None:
+def test_an_admin_sets_a_tenant_an_operator_lists_it_and_a_tenant_sees_only_its_own(
+    api: ApiNode,
+) -> None:
     created = api.ok(
         "PUT", "/v1/tenants/research", token="admin", json={"weight": 2, "gpus_max": 8}
     )
     assert created == {"name": "research", "created": True}
-    listed = api.ok("GET", "/v1/tenants", token="alpha")["items"]
+    api.ok("PUT", "/v1/tenants/alpha", token="admin", json={"weight": 1})
+    own = api.ok("GET", "/v1/tenants", token="alpha")["items"]
+    assert [item["name"] for item in own] == ["alpha"]
+    listed = api.ok("GET", "/v1/tenants", token="operator")["items"]
     research = next(item for item in listed if item["name"] == "research")
     # Fields left out take their defaults: setting a tenant replaces all its settings.
     assert research == {

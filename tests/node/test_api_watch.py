@@ -127,6 +127,28 @@ def test_watch__without_from_revision__is_400(api: ApiNode) -> None:
     assert "from_revision" in refused.document["error"]["message"]
 
 
+@pytest.mark.parametrize("last_id", ["-5", "1_0", "5x", "+5", "", "9223372036854775807"])
+def test_watch__last_event_id_that_is_not_a_revision__is_400(api: ApiNode, last_id: str) -> None:
+    refused = api.request(
+        "GET", "/v1/watch?prefix=watch-bad-id/", headers={"Last-Event-ID": last_id}
+    )
+    assert (refused.status, refused.error_code) == (400, "request.invalid")
+    assert "Last-Event-ID" in refused.document["error"]["message"]
+
+
+@pytest.mark.parametrize("from_revision", ["0", "-1", "x", "9223372036854775808"])
+def test_watch__from_revision_is_checked_even_when_last_event_id_is_sent(
+    api: ApiNode, from_revision: str
+) -> None:
+    refused = api.request(
+        "GET",
+        f"/v1/watch?prefix=watch-both/&from_revision={from_revision}",
+        headers={"Last-Event-ID": "1"},
+    )
+    assert (refused.status, refused.error_code) == (400, "request.invalid")
+    assert "from_revision" in refused.document["error"]["message"]
+
+
 @pytest.fixture(scope="module")
 def short_history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiNode]:
     """A node that keeps only the last four changes, so a watch can fall behind cheaply."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -275,24 +274,6 @@ def seed(node: FuzzNode, mode: Mode) -> Seeded | None:
     return seeded
 
 
-_DIGITS = re.compile(r"[0-9]+")
-
-
-def avoid_reported_issues(case: Any) -> None:
-    """Keeps generated requests away from issues found here in files this test's author does not
-    own, reported in docs/robustness.md; delete a line when its issue is fixed.
-
-    - `GET /v1/watch` (node/api/watch.py) does not check `from_revision` when `Last-Event-ID` is
-      sent, and reads `Last-Event-ID` with `int()`, which takes `-5`, ` 5` and `1_0`: both are
-      accepted although the document refuses them."""
-    headers = case.headers or {}
-    if case.operation.path == "/v1/watch" and "Last-Event-ID" in headers:
-        if _DIGITS.fullmatch(str(headers["Last-Event-ID"])) is None:
-            del headers["Last-Event-ID"]
-        elif case.query:
-            case.query.pop("from_revision", None)
-
-
 def fuzz(node: FuzzNode, mode: Mode, requests_max: int) -> Tally:
     """Sends `requests_max` generated requests, half valid and half not, checking each answer."""
     schema = _schema(node)
@@ -323,7 +304,6 @@ def fuzz(node: FuzzNode, mode: Mode, requests_max: int) -> Tally:
             for name in case.path_parameters or {}:
                 if name in known:
                     case.path_parameters[name] = known[name]
-        avoid_reported_issues(case)
         node.run(quiesce(node))
         before = state_digest(node.store)
         response = case.call(

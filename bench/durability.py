@@ -1,0 +1,167 @@
+"""What fsync costs: xr put with `raft.durability = "fsync"` against the default mode and etcd 3.4.
+
+Three clusters of 3 members on loopback run for the whole benchmark: xr with durability "write"
+(the default: the journal reaches the page cache before a write is acknowledged), xr with
+"fsync" (it reaches the disk), and etcd 3.4 with fsync (etcd's default), started by
+`anchors/etcd-cluster`. The machinery is bench/api.py's: the same closed-loop load generator,
+the same put of a 64-byte value with xr's idempotency headers, requests spread round robin over
+the members, and for each concurrency the systems interleaved round by round; figures are
+medians over rounds. The target (docs/durability.md): xr with fsync at least 1.0x etcd's put
+throughput.
+
+Run: `python bench/durability.py [--duration 3] [--warmup 1] [--rounds 3]
+[--concurrency 1,16,64] [--json PATH]` (about 2.5 minutes with the defaults). The last line is one
+JSON object.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# As in bench/api.py: run as a script, this folder would shadow the `raftstore` package.
+_BENCH_DIRECTORY = Path(__file__).resolve().parent
+sys.path[:] = [str(_BENCH_DIRECTORY.parent)] + [
+    entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH_DIRECTORY
+]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import tempfile  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from typing import Any  # noqa: E402
+
+from bench import api  # noqa: E402
+from bench._load import CellResult  # noqa: E402
+from node.localcluster import LocalCluster  # noqa: E402
+
+__all__ = ["main", "run"]
+
+MODES = ("write", "fsync")
+RATIO_MIN = 1.0
+
+
+class XrDurabilitySystem(api.XrSystem):
+    """bench/api.py's xr system, with the cluster's `raft.durability` set."""
+
+    def __init__(self, root: Path, *, durability: str) -> None:
+        super().__init__(root)
+        self.name = f"xr-{durability}"
+        self.cluster = LocalCluster(
+            root / self.name, size=api.MEMBERS, settings={"raft.durability": durability}
+        )
+        self.urls = self.cluster.urls
+
+
+def _row(concurrency: int, name: str, summary: api.Summary, versus_etcd: float) -> str:
+    return (
+        f"| {concurrency} | {name} | {summary.ops_per_s:,.0f} | "
+        f"{api._milliseconds(summary.latency_p50_ms)} | "
+        f"{api._milliseconds(summary.latency_p99_ms)} | {summary.failed} | "
+        f"{api._ratio_text(versus_etcd)} |"
+    )
+
+
+def run(arguments: argparse.Namespace) -> dict[str, Any]:
+    arguments.ops = ["put"]
+    with tempfile.TemporaryDirectory(prefix="xr-bench-durability-") as directory:
+        root = Path(directory)
+        stoppers: list[Callable[[], None]] = []
+        try:
+            xr_systems = []
+            # Each cluster starts before the next picks its ports, so no two pick the same.
+            for mode in MODES:
+                system = XrDurabilitySystem(root, durability=mode)
+                stoppers.append(system.stop)
+                system.start()
+                xr_systems.append(system)
+            etcd = api.EtcdSystem(
+                root, name="etcd", fsync=True, base_port=api._etcd_base_ports(1)[0]
+            )
+            stoppers.append(etcd.stop)
+            etcd.start()
+            systems: list[api.System] = [*xr_systems, etcd]
+            print(
+                f"{etcd.version()}; xr leaders: {[system.leader() for system in xr_systems]}\n"
+                f"{arguments.rounds} round(s) of {arguments.warmup} s warm-up + "
+                f"{arguments.duration} s per concurrency and system; {api.SPREAD}",
+                flush=True,
+            )
+            with api._event_loop_runner() as runner:
+                results = runner.run(api._measure(systems, arguments))
+        finally:
+            api._stop_all(stoppers)
+    return _report(results, arguments)
+
+
+def _report(
+    results: dict[tuple[str, int], dict[str, list[CellResult]]], arguments: argparse.Namespace
+) -> dict[str, Any]:
+    print(f"\nput, median of {arguments.rounds} interleaved round(s)\n")
+    print("| concurrency | system | ops/s | p50 | p99 | failed | vs etcd |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    cells: list[dict[str, Any]] = []
+    verdicts: list[str] = []
+    for (_, concurrency), per_system in results.items():
+        summaries = {name: api.Summary.of(rounds) for name, rounds in per_system.items()}
+        fsync, write, etcd = summaries["xr-fsync"], summaries["xr-write"], summaries["etcd"]
+        versus_etcd = api._ratio(fsync.ops_per_s, etcd.ops_per_s)
+        versus_write = api._ratio(fsync.ops_per_s, write.ops_per_s)
+        for name, summary in summaries.items():
+            print(_row(concurrency, name, summary, api._ratio(summary.ops_per_s, etcd.ops_per_s)))
+        verdicts.append(
+            f"c={concurrency}: xr-fsync / etcd {api._ratio_text(versus_etcd)} (target >= "
+            f"{RATIO_MIN:g}x: {'met' if versus_etcd >= RATIO_MIN else 'NOT met'}); "
+            f"xr-fsync / xr-write {api._ratio_text(versus_write)}"
+        )
+        cells.append(
+            {
+                "concurrency": concurrency,
+                **{
+                    name: {
+                        "ops_per_s": api._number(summary.ops_per_s),
+                        "p50_ms": api._number(summary.latency_p50_ms),
+                        "p99_ms": api._number(summary.latency_p99_ms),
+                        "failed": summary.failed,
+                    }
+                    for name, summary in summaries.items()
+                },
+                "ratio_fsync_vs_etcd": api._number(versus_etcd),
+                "ratio_fsync_vs_write": api._number(versus_write),
+                "target_met": bool(versus_etcd >= RATIO_MIN)
+                if not math.isnan(versus_etcd)
+                else None,
+            }
+        )
+    print()
+    for verdict in verdicts:
+        print(verdict)
+    return {"benchmark": "durability", "rounds": arguments.rounds, "cells": cells}
+
+
+def _concurrencies(text: str) -> list[int]:
+    values = [int(item) for item in text.split(",") if item.strip()]
+    if not values or any(value < 1 for value in values):
+        raise argparse.ArgumentTypeError("give positive concurrencies, comma-separated")
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per cell (3)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each cell (1)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    parser.add_argument("--concurrency", type=_concurrencies, default=[1, 16, 64])
+    parser.add_argument("--json", type=Path, help="write every figure to this file as JSON")
+    arguments = parser.parse_args(argv)
+    with api._sigterm_as_exit():
+        document = run(arguments)
+    if arguments.json is not None:
+        arguments.json.write_text(json.dumps(document, indent=2))
+    print(json.dumps(document))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""Overload: what a cluster does when offered twice the writes it can take.
+
+1. Capacity: closed-loop PUTs over the HTTP API (`CAPACITY_CONCURRENCY` workers, round robin
+   over the members) for `--capacity` seconds.
+2. Overload: open-loop PUTs at `--factor` times that rate for `--duration` seconds. Requests start
+   on a fixed schedule whatever the answers, each from a client that has no request outstanding
+   (a pool of client ids, each sending one request at a time with `Xr-Client-Id` / `Xr-Seq`), with
+   no retries. Meanwhile `/healthz` of every member is probed every `HEALTH_PERIOD_S`.
+3. Check: every acknowledged write is read back (each client writes its own key, so the key must
+   hold the client's last acknowledged value); a lost one is a bug.
+
+Reported: capacity, offered rate, admitted (2xx), refused (429, and how many lacked Retry-After),
+other answers, unanswered (timeouts, connection errors), p50/p99/max latency of admitted requests,
+the slowest health probe and how many were not 200, and lost acknowledged writes. A table, then one
+JSON line.
+
+    python -m bench.overload [--members 3] [--duration 60] [--factor 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from node.localcluster import LocalCluster
+
+__all__ = ["Settings", "main", "run"]
+
+CAPACITY_CONCURRENCY = 64
+HEALTH_PERIOD_S = 0.1
+# A request unanswered after this long counts as unanswered (its outcome is unknown).
+REQUEST_TIMEOUT_S = 10.0
+# Client ids in use at once at most: beyond it a scheduled request is skipped (and reported).
+CLIENTS_MAX = 5_000
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    base_dir: Path
+    members: int = 3
+    duration_s: float = 60.0
+    capacity_s: float = 5.0
+    offered_factor: float = 2.0
+    # None: the node's default (`http.requests_in_flight_max`).
+    requests_in_flight_max: int | None = None
+
+
+@dataclass
+class _Client:
+    client_id: str
+    seq: int = 0
+    acknowledged: str | None = None
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self.sent = 0
+        self.admitted = 0
+        self.refused = 0
+        self.refused_without_retry_after = 0
+        self.other: dict[str, int] = {}
+        self.unanswered = 0
+        self.skipped = 0
+        self.latencies_s: list[float] = []
+
+
+async def _capacity(
+    session: aiohttp.ClientSession, urls: list[str], seconds: float
+) -> tuple[float, int]:
+    """Closed-loop PUTs per second, and the failures seen (not counted as operations)."""
+    done = 0
+    failures = 0
+    deadline_s = time.monotonic() + seconds
+
+    async def worker(index: int) -> None:
+        nonlocal done, failures
+        turn = index
+        while time.monotonic() < deadline_s:
+            url = urls[turn % len(urls)]
+            turn += 1
+            try:
+                async with session.put(
+                    f"{url}/v1/kv/overload/capacity/{index}", json={"value": str(turn)}
+                ) as answer:
+                    await answer.read()
+                    if answer.status == 200:
+                        done += 1
+                    else:
+                        failures += 1
+                        await asyncio.sleep(0.01)
+            except (aiohttp.ClientError, TimeoutError):
+                failures += 1
+                await asyncio.sleep(0.01)
+
+    started_s = time.monotonic()
+    await asyncio.gather(*(worker(index) for index in range(CAPACITY_CONCURRENCY)))
+    return done / (time.monotonic() - started_s), failures
+
+
+async def _probe_health(
+    session: aiohttp.ClientSession, urls: list[str], stop: asyncio.Event
+) -> dict[str, Any]:
+    probes = 0
+    not_ok = 0
+    slowest_s = 0.0
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+
+    async def probe(url: str) -> None:
+        nonlocal probes, not_ok, slowest_s
+        started_s = time.monotonic()
+        try:
+            async with session.get(f"{url}/healthz", timeout=timeout) as answer:
+                await answer.read()
+                ok = answer.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        probes += 1
+        not_ok += 0 if ok else 1
+        slowest_s = max(slowest_s, time.monotonic() - started_s)
+
+    pending: set[asyncio.Task[None]] = set()
+    while not stop.is_set():
+        for url in urls:
+            task = asyncio.ensure_future(probe(url))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        await asyncio.sleep(HEALTH_PERIOD_S)
+    await asyncio.gather(*pending)
+    return {"probes": probes, "not_ok": not_ok, "latency_max_ms": round(slowest_s * 1000, 2)}
+
+
+async def _send(session: aiohttp.ClientSession, url: str, client: _Client, counts: _Counts) -> None:
+    client.seq += 1
+    value = f"{client.client_id}-{client.seq}"
+    headers = {"Xr-Client-Id": client.client_id, "Xr-Seq": str(client.seq)}
+    counts.sent += 1
+    started_s = time.monotonic()
+    try:
+        async with session.put(
+            f"{url}/v1/kv/overload/open/{client.client_id}",
+            json={"value": value},
+            headers=headers,
+        ) as answer:
+            await answer.read()
+            status = answer.status
+            retry_after = answer.headers.get("Retry-After")
+    except (aiohttp.ClientError, TimeoutError):
+        counts.unanswered += 1
+        # The outcome is unknown: the key may hold this value or the last acknowledged one.
+        client.acknowledged = None
+        return
+    if 200 <= status < 300:
+        counts.admitted += 1
+        counts.latencies_s.append(time.monotonic() - started_s)
+        client.acknowledged = value
+    elif status == 429:
+        counts.refused += 1
+        counts.refused_without_retry_after += 0 if retry_after else 1
+    else:
+        counts.other[str(status)] = counts.other.get(str(status), 0) + 1
+        client.acknowledged = None
+
+
+async def _open_loop(
+    session: aiohttp.ClientSession, urls: list[str], rate: float, seconds: float, run_id: str
+) -> tuple[_Counts, list[_Client]]:
+    counts = _Counts()
+    clients: list[_Client] = []
+    idle: list[_Client] = []
+    running: set[asyncio.Task[None]] = set()
+
+    def finished(client: _Client, task: asyncio.Task[None]) -> None:
+        running.discard(task)
+        idle.append(client)
+
+    loop = asyncio.get_running_loop()
+    started_s = loop.time()
+    total = int(rate * seconds)
+    for number in range(total):
+        delay_s = started_s + number / rate - loop.time()
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        if idle:
+            client = idle.pop()
+        elif len(clients) < CLIENTS_MAX:
+            client = _Client(client_id=f"overload-{run_id}-{len(clients)}")
+            clients.append(client)
+        else:
+            counts.skipped += 1
+            continue
+        task = asyncio.ensure_future(_send(session, urls[number % len(urls)], client, counts))
+        running.add(task)
+        task.add_done_callback(functools.partial(finished, client))
+    await asyncio.gather(*running)
+    return counts, clients
+
+
+async def _lost(session: aiohttp.ClientSession, url: str, clients: list[_Client]) -> int:
+    lost = 0
+    for client in clients:
+        if client.acknowledged is None:
+            continue
+        async with session.get(f"{url}/v1/kv/overload/open/{client.client_id}") as answer:
+            document = await answer.json() if answer.status == 200 else {}
+        if document.get("value") != client.acknowledged:
+            lost += 1
+    return lost
+
+
+def _percentile_ms(ordered: list[float], fraction: float) -> float | None:
+    if not ordered:
+        return None
+    return round(ordered[round(fraction * (len(ordered) - 1))] * 1000, 2)
+
+
+async def _measure(urls: list[str], settings: Settings) -> dict[str, Any]:
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        capacity, capacity_failures = await _capacity(session, urls, settings.capacity_s)
+        rate = max(capacity * settings.offered_factor, 1.0)
+        stop = asyncio.Event()
+        health = asyncio.ensure_future(_probe_health(session, urls, stop))
+        counts, clients = await _open_loop(
+            session, urls, rate, settings.duration_s, run_id=str(os.getpid())
+        )
+        stop.set()
+        health_report = await health
+        lost = await _lost(session, urls[0], clients)
+    ordered = sorted(counts.latencies_s)
+    return {
+        "bench": "overload",
+        "members": len(urls),
+        "duration_s": settings.duration_s,
+        "requests_in_flight_max": settings.requests_in_flight_max,
+        "capacity_per_s": round(capacity, 1),
+        "capacity_failures": capacity_failures,
+        "offered_per_s": round(rate, 1),
+        "sent": counts.sent,
+        "admitted": counts.admitted,
+        "admitted_per_s": round(counts.admitted / settings.duration_s, 1),
+        "refused": counts.refused,
+        "refused_without_retry_after": counts.refused_without_retry_after,
+        "other": sum(counts.other.values()),
+        "other_by_status": counts.other,
+        "unanswered": counts.unanswered,
+        "skipped": counts.skipped,
+        "latency_p50_ms": _percentile_ms(ordered, 0.50),
+        "latency_p99_ms": _percentile_ms(ordered, 0.99),
+        "latency_max_ms": _percentile_ms(ordered, 1.0),
+        "health": health_report,
+        "lost_acknowledged_writes": lost,
+    }
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    """Starts a local cluster under `settings.base_dir`, measures, stops it."""
+    cluster_settings = {}
+    if settings.requests_in_flight_max is not None:
+        cluster_settings["http.requests_in_flight_max"] = str(settings.requests_in_flight_max)
+    cluster = LocalCluster(
+        settings.base_dir / "cluster", size=settings.members, settings=cluster_settings
+    )
+    try:
+        cluster.start(timeout_s=READY_TIMEOUT_S)
+        return asyncio.run(_measure(cluster.urls, settings))
+    finally:
+        cluster.kill()
+
+
+def _table(report: dict[str, Any]) -> str:
+    rows = [
+        ("members", report["members"]),
+        ("capacity (closed loop)", f"{report['capacity_per_s']} puts/s"),
+        ("offered (open loop)", f"{report['offered_per_s']} puts/s for {report['duration_s']} s"),
+        ("sent", report["sent"]),
+        ("admitted", f"{report['admitted']} ({report['admitted_per_s']}/s)"),
+        ("refused 429", report["refused"]),
+        ("  without Retry-After", report["refused_without_retry_after"]),
+        ("other answers", report["other_by_status"] or 0),
+        ("unanswered", report["unanswered"]),
+        ("admitted p50 / p99 / max", "{} / {} / {} ms".format(
+            report["latency_p50_ms"], report["latency_p99_ms"], report["latency_max_ms"])),
+        ("health probes (not 200)", f"{report['health']['probes']} ({report['health']['not_ok']})"),
+        ("health probe max", f"{report['health']['latency_max_ms']} ms"),
+        ("lost acknowledged writes", report["lost_acknowledged_writes"]),
+    ]  # fmt: skip
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--members", type=int, default=3, help="cluster size (3)")
+    parser.add_argument("--duration", type=float, default=60.0, help="overload seconds (60)")
+    parser.add_argument("--capacity", type=float, default=5.0, help="capacity seconds (5)")
+    parser.add_argument("--factor", type=float, default=2.0, help="offered / capacity (2)")
+    parser.add_argument(
+        "--requests-in-flight-max", type=int, default=None, help="the nodes' bound (default)"
+    )
+    arguments = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="xr-overload-") as directory:
+        report = run(
+            Settings(
+                base_dir=Path(directory),
+                members=arguments.members,
+                duration_s=arguments.duration,
+                capacity_s=arguments.capacity,
+                offered_factor=arguments.factor,
+                requests_in_flight_max=arguments.requests_in_flight_max,
+            )
+        )
+    print(_table(report))
+    print(json.dumps(report))
+    return 0 if report["lost_acknowledged_writes"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""`xr snapshot`: back up a running cluster's replicated state, and start a new cluster from it.
+
+`save` asks the cluster (admins only) for a consistent backup (`GET /v1/snapshot`, answered after
+a linearizable read barrier) and writes it to a file durably. `restore` is offline: it checks the
+file (its checksum, that it is an xr backup, that xrcore can read it) and seeds a new node's data
+directory, so a NEW cluster starts from that state (run it once per member, with that member's
+address, then start the members). See docs/durability.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+from pathlib import Path
+
+import click
+
+from node.api.snapshot import decode_backup
+from node.cli_common import (
+    CommandFailed,
+    client_options,
+    emit,
+    key_values,
+    options,
+    resolve_settings,
+)
+from raftstore.config import RaftConfig
+from raftstore.replica import seed_data_dir, write_file_durably
+from xrcore.errors import InvalidArgument
+
+__all__ = ["snapshot"]
+
+# A backup can be large; give the barrier and the transfer more than a plain request's time.
+_SAVE_TIMEOUT_S_MIN = 60.0
+
+
+@click.group()
+def snapshot() -> None:
+    """Back up the replicated state of a running cluster, and start a new cluster from a
+    backup."""
+
+
+async def _fetch(path: str) -> dict[str, object]:
+    from xrcore.client._transport import Transport
+
+    settings = resolve_settings(options(), os.environ)
+    transport = Transport(
+        settings.endpoints,
+        token=settings.token,
+        timeout_s=max(settings.timeout_s, _SAVE_TIMEOUT_S_MIN),
+        ca_file=settings.ca_file,
+        cert_file=settings.cert_file,
+        key_file=settings.key_file,
+    )
+    try:
+        answer = await transport.call("GET", path)
+    finally:
+        await transport.close()
+    if not isinstance(answer, dict):
+        raise CommandFailed("snapshot.invalid", "the node answered with something not an object")
+    return answer
+
+
+@snapshot.command("save")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@client_options
+def snapshot_save(file: Path) -> int:
+    """Save a consistent backup of the cluster's replicated state (KV, sessions, locks, jobs,
+    regions, tenants) to FILE (admins only). It holds every write acknowledged before the
+    command started."""
+    answer = asyncio.run(_fetch("/v1/snapshot"))
+    data = base64.b64decode(str(answer["file"]))
+    # Check what arrived before writing it: the same checks `restore` makes.
+    backup = decode_backup(data)
+    write_file_durably(file, data)
+    emit(
+        {
+            "file": str(file),
+            "bytes": len(data),
+            "machine_index": backup.machine_index,
+            "raft_index": backup.raft_index,
+            "raft_term": backup.raft_term,
+            "sha256": backup.sha256,
+        },
+        lambda: click.echo(
+            f"saved {file} ({len(data)} bytes): state at index {backup.machine_index} "
+            f"(raft index {backup.raft_index}, term {backup.raft_term}), sha256 {backup.sha256}"
+        ),
+    )
+    return 0
+
+
+@snapshot.command("restore")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--data-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The new node's data directory (as `xr node run --data-dir`); must hold no Raft data.",
+)
+@click.option(
+    "--raft-address",
+    required=True,
+    help="This member's Raft address in the new cluster (as `xr node run --raft-address`).",
+)
+@click.option(
+    "--peers",
+    default="",
+    help="The other members' Raft addresses, comma-separated (as `xr node run --peers`).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def snapshot_restore(
+    file: Path, data_dir: Path, raft_address: str, peers: str, as_json: bool
+) -> int:
+    """Seed a new node's data directory from a backup FILE, offline, so that a NEW cluster
+    starts from the backed-up state. Run it for every member of the new cluster with the same
+    FILE and that member's address, then start the members. The new cluster's Raft log starts
+    afresh (term 1); the state's own index, revisions and fencing tokens go on from the
+    backup's."""
+    try:
+        backup = decode_backup(file.read_bytes())
+        config = RaftConfig(
+            self_address=raft_address,
+            peers=tuple(peer.strip() for peer in peers.split(",") if peer.strip()),
+            data_dir=data_dir / "raft",
+            insecure=True,
+        )
+        seed_data_dir(config, backup.state)
+    except InvalidArgument as error:
+        raise CommandFailed("snapshot.invalid", f"{file}: {error.message}") from None
+    members = [raft_address, *config.peers]
+    document = {
+        "file": str(file),
+        "data_dir": str(data_dir),
+        "machine_index": backup.machine_index,
+        "members": members,
+        "sha256": backup.sha256,
+    }
+    if as_json:
+        click.echo(json.dumps(document))
+    else:
+        click.echo(
+            key_values(
+                [
+                    ("restored", str(file)),
+                    ("into", str(data_dir)),
+                    ("state index", backup.machine_index),
+                    ("members", ", ".join(members)),
+                ]
+            )
+        )
+    return 0

@@ -1,0 +1,237 @@
+"""The audit log: one JSON line per write request, with who, what, when and how it ended.
+
+Each test serves an application with its own audit file on the shared node's store. A write that
+succeeds, one refused with 403 and one without a token each leave a line with every field; a read
+leaves none; the token and the body sent never reach the file; the file rotates, keeping at most
+`audit.files_max` files in all, each under `audit.bytes_max`; `audit.enabled = false` writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from node.api.app import create_app
+from node.api.audit import AuditLog
+from node.api.auth import Principal
+from node.config import AuditConfig
+from raftstore.clock import RealClock
+from tests.node.conftest import TOKENS, ApiNode
+
+pytestmark = pytest.mark.integration
+
+_FIELDS = {
+    "time",
+    "principal",
+    "method",
+    "path",
+    "route",
+    "status",
+    "error",
+    "request_id",
+    "remote",
+    "index",
+}
+
+
+@dataclasses.dataclass
+class _Audited:
+    api: ApiNode
+    client: TestClient[Any, Any]
+    path: Path
+
+    def lines(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+
+def _serve(api: ApiNode, audit: AuditConfig) -> _Audited:
+    config = dataclasses.replace(api.config, audit=audit)
+    client = api.run(api.serve(create_app(config, store=api.store)))
+    return _Audited(api=api, client=client, path=config.audit_path)
+
+
+@pytest.fixture
+def audited(api: ApiNode, tmp_path: Path) -> _Audited:
+    return _serve(api, AuditConfig(path=str(tmp_path / "audit" / "audit.log")))
+
+
+def test_a_successful_write__is_one_line_with_every_field(audited: _Audited) -> None:
+    answer = audited.api.request(
+        "PUT", "/v1/kv/audit/written", json={"value": "x"}, client=audited.client
+    )
+    assert answer.status == 200
+
+    [line] = audited.lines()
+    assert set(line) == _FIELDS
+    assert line["principal"] == {"name": "alpha", "role": "tenant", "tenant": "alpha"}
+    assert (line["method"], line["path"], line["route"]) == (
+        "PUT",
+        "/v1/kv/audit/written",
+        "/v1/kv/{key}",
+    )
+    assert (line["status"], line["error"]) == (200, None)
+    assert line["request_id"] == answer.headers["Xr-Request-Id"]
+    assert line["index"] == int(answer.headers["Xr-Index"])
+    assert line["remote"] == "127.0.0.1"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
+    assert datetime.fromisoformat(line["time"].replace("Z", "+00:00")).utcoffset() is not None
+
+
+def test_a_write_refused_with_403__is_audited_with_its_error(audited: _Audited) -> None:
+    answer = audited.api.request(
+        "PUT", "/v1/tenants/audit-tenant", json={"weight": 5}, client=audited.client
+    )
+    assert answer.status == 403
+
+    [line] = audited.lines()
+    assert line["principal"] == {"name": "alpha", "role": "tenant", "tenant": "alpha"}
+    assert (line["status"], line["error"], line["index"]) == (403, "auth.forbidden", None)
+    assert line["route"] == "/v1/tenants/{name}"
+
+
+def test_a_write_without_a_valid_token__is_audited_without_a_principal(audited: _Audited) -> None:
+    sent = {"Authorization": "Bearer audit-secret-token-value"}
+    for headers in ({}, sent):
+        answer = audited.api.request(
+            "POST",
+            "/v1/sessions",
+            token=None,
+            headers=headers,
+            json={"ttl_ms": 1000},
+            client=audited.client,
+        )
+        assert answer.status == 401
+
+    lines = audited.lines()
+    assert len(lines) == 2
+    for line in lines:
+        assert line["principal"] is None
+        assert (line["status"], line["error"]) == (401, "auth.unauthenticated")
+        assert (line["method"], line["route"]) == ("POST", "/v1/sessions")
+
+
+def test_reads__are_not_audited(audited: _Audited) -> None:
+    for path in ("/v1/kv/audit/none", "/v1/jobs", "/healthz", "/v1/cluster/status"):
+        audited.api.request("GET", path, client=audited.client)
+        audited.api.request("HEAD", path, client=audited.client)
+    assert audited.lines() == []
+
+
+def test_other_refusals_and_unknown_routes__are_audited_with_their_code(audited: _Audited) -> None:
+    api, client = audited.api, audited.client
+    assert api.request("POST", "/v1/jobs", json={"nope": 1}, client=client).status == 400
+    assert api.request("DELETE", "/v1/nowhere", client=client).status == 404
+    first, second = audited.lines()
+    assert (first["status"], first["error"]) == (400, "request.invalid")
+    assert (second["status"], second["error"], second["route"]) == (404, "not_found", "unmatched")
+
+
+def test_tokens_and_bodies__never_reach_the_file(audited: _Audited) -> None:
+    api, client = audited.api, audited.client
+    body_secret = "audit-body-secret-value"
+    api.request("PUT", "/v1/kv/audit/secret", json={"value": body_secret}, client=client)
+    api.request(
+        "PUT",
+        "/v1/kv/audit/secret",
+        token=None,
+        headers={"Authorization": "Bearer audit-unknown-token-value"},
+        json={"value": body_secret},
+        client=client,
+    )
+    api.request("POST", "/v1/jobs?token=audit-query-secret", json={"x": 1}, client=client)
+    text = audited.path.read_text()
+    assert len(text.splitlines()) == 3
+    for secret in (
+        TOKENS["alpha"][0],
+        "audit-unknown-token-value",
+        body_secret,
+        "audit-query-secret",
+    ):
+        assert secret not in text
+
+
+def test_audit_disabled__writes_nothing(api: ApiNode, tmp_path: Path) -> None:
+    audit = AuditConfig(enabled=False, path=str(tmp_path / "audit" / "audit.log"))
+    audited = _serve(api, audit)
+    assert (
+        api.request("PUT", "/v1/kv/audit/off", json={"value": "x"}, client=audited.client).status
+        == 200
+    )
+    assert not audited.path.parent.exists()
+
+
+def test_an_audit_log_that_cannot_be_opened__stops_the_application_at_start(
+    api: ApiNode, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    config = dataclasses.replace(api.config, audit=AuditConfig(path=str(blocker / "audit.log")))
+    with pytest.raises(OSError):
+        api.run(api.serve(create_app(config, store=api.store)))
+
+
+def test_the_default_path__is_under_the_data_directory(api: ApiNode) -> None:
+    # The shared node's application writes to <data_dir>/audit/audit.log.
+    api.ok("PUT", "/v1/kv/audit/default-path", json={"value": "x"})
+    lines = (api.data_dir / "audit" / "audit.log").read_text().splitlines()
+    assert any(json.loads(line)["path"] == "/v1/kv/audit/default-path" for line in lines)
+
+
+def _fill(path: Path, *, files_max: int, lines: int) -> None:
+    log = AuditLog(path, bytes_max=4096, files_max=files_max, clock=RealClock())
+    caller = Principal(name="rotating", role="tenant", tenant="t")
+    try:
+        for number in range(lines):
+            log.record(
+                principal=caller,
+                method="PUT",
+                path=f"/v1/kv/rotation/{number}",
+                route="/v1/kv/{key}",
+                status=200,
+                error=None,
+                request_id=f"rotation-{number}",
+                remote="127.0.0.1",
+                index=number,
+            )
+    finally:
+        log.close()
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_rotation__keeps_at_most_files_max_files_under_bytes_max(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    # About 230 bytes a line: 400 lines fill more than 20 files of 4096 bytes.
+    _fill(path, files_max=3, lines=400)
+    files = sorted(tmp_path.iterdir())
+    assert [file.name for file in files] == ["audit.log", "audit.log.1", "audit.log.2"]
+    assert all(file.stat().st_size <= 4096 for file in files)
+    # The newest lines are kept, in order, and each line is whole.
+    newest = _read(path)
+    assert newest[-1]["request_id"] == "rotation-399"
+    rotated = _read(tmp_path / "audit.log.1")
+    assert rotated[-1]["index"] + 1 == newest[0]["index"]
+    oldest = _read(tmp_path / "audit.log.2")
+    assert oldest[-1]["index"] + 1 == rotated[0]["index"]
+
+
+def test_rotation__with_files_max_1_the_one_file_is_emptied_when_full(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    _fill(path, files_max=1, lines=400)
+    assert [file.name for file in tmp_path.iterdir()] == ["audit.log"]
+    assert path.stat().st_size <= 4096
+    newest = _read(path)
+    assert newest[-1]["request_id"] == "rotation-399"
+    assert [line["index"] for line in newest] == list(range(400 - len(newest), 400))

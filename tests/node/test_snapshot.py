@@ -1,0 +1,174 @@
+"""`xr snapshot save` from a running cluster, `xr snapshot restore` into a NEW cluster.
+
+A 3-node cluster gets KV data, a held lock and a job; `xr snapshot save` writes a backup; each
+member of a second cluster (other ports, other directories) is seeded with `xr snapshot restore`;
+the second cluster starts with the same data and takes new writes. Corrupt, truncated and foreign
+files are refused with a message that says so, and only admins may save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.api.snapshot import Backup, decode_backup, encode_backup
+from node.cli import main
+from node.localcluster import LocalCluster
+from xrcore import StateMachine
+from xrcore.client import Client
+from xrcore.errors import InvalidArgument
+
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Ran:
+    exit_code: int
+    output: str
+
+
+def _run(*arguments: str) -> Ran:
+    """Runs `xr` in this process as `main` does (exit codes, the error line on stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(arguments))
+    return Ran(exit_code=code, output=out.getvalue() + err.getvalue())
+
+
+# The file format.
+
+
+def _backup() -> bytes:
+    state = StateMachine().snapshot()
+    return encode_backup(
+        Backup(machine_index=0, raft_index=2, raft_term=1, taken_at_ms=1, state=state)
+    )
+
+
+def test_backup__round_trips() -> None:
+    backup = decode_backup(_backup())
+    assert (backup.machine_index, backup.raft_index, backup.raft_term) == (0, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda data: data[: len(data) // 2], "truncated or corrupt"),
+        (lambda data: data[:12], "truncated"),
+        (lambda data: data[:40] + bytes([data[40] ^ 1]) + data[41:], "truncated or corrupt"),
+        (lambda data: b"PK\x03\x04 a zip file" + data, "not an xr backup"),
+        (lambda data: b"", "not an xr backup"),
+    ],
+    ids=["half", "header-only", "flipped-bit", "foreign", "empty"],
+)
+def test_backup__damaged_or_foreign_files_are_refused(damage: Any, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        decode_backup(damage(_backup()))
+
+
+def test_restore__refuses_a_corrupt_file_and_writes_nothing(tmp_path: Path) -> None:
+    file = tmp_path / "backup.xr"
+    file.write_bytes(_backup()[:-1])
+    data_dir = tmp_path / "node"
+    result = _run(
+        "snapshot", "restore", str(file), "--data-dir", str(data_dir),
+        "--raft-address", "127.0.0.1:7001",
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "snapshot.invalid" in result.output and "corrupt" in result.output
+    assert not (data_dir / "raft").exists()
+
+
+# Two real clusters.
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path / "source")
+    try:
+        cluster.start(timeout_s=READY_TIMEOUT_S)
+        yield cluster
+    finally:
+        cluster.kill()
+
+
+@pytest.mark.integration
+def test_save_then_restore_into_a_new_cluster__data_is_there_and_new_writes_work(
+    source: LocalCluster, tmp_path: Path
+) -> None:
+    with Client(source.urls, timeout_s=10.0) as client:
+        for number in range(20):
+            last_put = client.kv.put(f"data/{number}", f"value-{number}")
+        session = client.sessions.grant(600.0)
+        acquired = client.locks.acquire("backup-lock", session.session_id)
+        job_id = client.jobs.submit("kept-job", workload="sleep", args={"seconds": 1})
+    file = tmp_path / "backup.xr"
+    saved = _run("snapshot", "save", str(file), "--endpoints", ",".join(source.urls), "--json")
+    assert saved.exit_code == 0, saved.output
+    document = json.loads(saved.output)
+    assert document["machine_index"] > 20
+    source.kill()
+
+    target = LocalCluster(tmp_path / "target")
+    try:
+        for node in target.nodes:
+            restored = _run(
+                "snapshot", "restore", str(file), "--data-dir", str(node.data_dir),
+                "--raft-address", node.raft_address, "--peers", ",".join(node.peers),
+            )  # fmt: skip
+            assert restored.exit_code == 0, restored.output
+        # A second restore into a used directory is refused.
+        again = _run(
+            "snapshot", "restore", str(file), "--data-dir", str(target.nodes[0].data_dir),
+            "--raft-address", target.nodes[0].raft_address,
+        )  # fmt: skip
+        assert again.exit_code == 1 and "new data directory" in again.output
+        target.start(timeout_s=READY_TIMEOUT_S)
+        with Client(target.urls, timeout_s=10.0) as client:
+            for number in range(20):
+                found = client.kv.get(f"data/{number}")
+                assert found is not None and found.value == f"value-{number}".encode()
+            lock = client.locks.get("backup-lock")
+            assert lock is not None and lock.token == acquired.token
+            job = client.jobs.get(job_id)
+            assert job is not None and job.name == "kept-job"
+            written = client.kv.put("after/restore", "new")
+            # Revisions go on from the backup's.
+            assert written.revision > last_put.revision
+            assert client.kv.get("after/restore") is not None
+    finally:
+        target.kill()
+
+
+@pytest.mark.integration
+def test_save__needs_an_admin_token(tmp_path: Path) -> None:
+    from node.config import hash_token
+
+    config = (
+        "[auth]\n"
+        f'[[auth.tokens]]\nname = "a"\nsha256 = "{hash_token("admin-secret")}"\nrole = "admin"\n'
+        f'[[auth.tokens]]\nname = "t"\nsha256 = "{hash_token("tenant-secret")}"\n'
+        'role = "tenant"\ntenant = "t"\n'
+    )
+    cluster = LocalCluster(tmp_path / "auth", size=1, config_text=config)
+    try:
+        cluster.start(timeout_s=READY_TIMEOUT_S)
+        endpoints = ",".join(cluster.urls)
+        file = tmp_path / "backup.xr"
+        refused = _run("snapshot", "save", str(file), "--endpoints", endpoints, "--token",
+                       "tenant-secret")  # fmt: skip
+        assert refused.exit_code == 1 and "auth.forbidden" in refused.output, refused.output
+        assert not file.exists()
+        saved = _run("snapshot", "save", str(file), "--endpoints", endpoints, "--token",
+                     "admin-secret")  # fmt: skip
+        assert saved.exit_code == 0, saved.output
+        assert decode_backup(file.read_bytes()).machine_index > 0
+    finally:
+        cluster.kill()
