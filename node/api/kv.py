@@ -47,7 +47,12 @@ def _key(request: web.Request, caller: Principal) -> str:
     return caller.scoped(key)
 
 
-@routes.get("/v1/kv/{key:.+}")
+# A key is any text: slashes and line breaks included (`.` would not match a newline, and such a
+# key answered 404; found by tests/node/test_schemathesis.py).
+_KEY = r"{key:[\s\S]+}"
+
+
+@routes.get(f"/v1/kv/{_KEY}")
 async def get_key(request: web.Request) -> web.Response:
     caller = principal(request)
     key = _key(request, caller)
@@ -55,7 +60,7 @@ async def get_key(request: web.Request) -> web.Response:
     return respond(request, {**key_view(caller, result.value), "stale": result.stale})
 
 
-@routes.put("/v1/kv/{key:.+}")
+@routes.put(f"/v1/kv/{_KEY}")
 async def put_key(request: web.Request) -> web.Response:
     caller = principal(request)
     key = _key(request, caller)
@@ -77,7 +82,7 @@ async def put_key(request: web.Request) -> web.Response:
     return respond(request, await write(request, command))
 
 
-@routes.delete("/v1/kv/{key:.+}")
+@routes.delete(f"/v1/kv/{_KEY}")
 async def delete_key(request: web.Request) -> web.Response:
     caller = principal(request)
     key = _key(request, caller)

@@ -47,6 +47,16 @@ def test_keys_with_slashes__are_one_key(api: ApiNode) -> None:
     assert api.ok("GET", "/v1/kv/kv-nested/a/b")["key"] == "kv-nested/a/b"
 
 
+@pytest.mark.parametrize("encoded", ["kv-line%0Abreak", "kv-trailing%0A", "%0Akv-leading"])
+def test_keys_with_line_breaks__are_put_read_and_deleted(api: ApiNode, encoded: str) -> None:
+    """A key is any text; the route once matched keys with `.+`, so these answered 404."""
+    key = encoded.replace("%0A", "\n")
+    api.ok("PUT", f"/v1/kv/{encoded}", json={"value": "x"})
+    got = api.ok("GET", f"/v1/kv/{encoded}")
+    assert (got["key"], got["value"]) == (key, "x")
+    assert api.ok("DELETE", f"/v1/kv/{encoded}")["deleted"] == 1
+
+
 def test_put_with_expected_mod_revision__sets_only_when_it_matches(api: ApiNode) -> None:
     created = api.request("PUT", "/v1/kv/kv-cas", json={"value": "1", "expected_mod_revision": 0})
     assert created.status == 200

@@ -62,7 +62,7 @@ pytestmark = pytest.mark.integration
 # `WAIT_MAX_S`, far below it.
 REQUEST_TIMEOUT_S = 10.0
 WAIT_MAX_S = 0.2
-DEFAULT_REQUESTS = 300
+DEFAULT_REQUESTS = 1_000
 SLOW_REQUESTS = 2_000
 # The node's clock: any fixed time will do.
 FROZEN_NOW_MS = 1_700_000_000_000
