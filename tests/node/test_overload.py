@@ -266,3 +266,19 @@ def _check_report(report: dict[str, Any]) -> None:
     # Every request sent was admitted and answered, or refused: none timed out or failed.
     assert report["unanswered"] == 0, report
     assert report["admitted"] + report["refused"] + report["other"] == report["sent"]
+    # The nodes timed exactly the PUTs sent during the run (scraped before and after it), and
+    # the prober, a process of its own, timed its probes.
+    assert report["node_put_timing"]["requests"] == report["sent"], report["node_put_timing"]
+    assert report["node_put_timing"]["p99_ms_at_most"] is not None
+    assert report["health"]["latency_max_ms"] >= report["health"]["latency_p50_ms"] > 0
+
+
+def test_bucket_quantiles__are_the_smallest_bounds_holding_the_share() -> None:
+    before = {0.1: 10.0, 0.5: 10.0, float("inf"): 10.0}
+    after = {0.1: 60.0, 0.5: 109.0, float("inf"): 110.0}
+    assert overload._bucket_quantiles(before, after) == {
+        "requests": 100,
+        "p50_ms_at_most": 100.0,
+        "p99_ms_at_most": 500.0,
+        "p999_ms_at_most": None,  # beyond the last finite bound
+    }
