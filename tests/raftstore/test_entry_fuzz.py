@@ -275,3 +275,18 @@ def test_a_group_that_is_not_bytes__applies_nothing_like_other_malformed_groups(
     before = (replica.machine.index, state_hash(replica.machine))
     assert apply(replica, group) == []
     assert (replica.machine.index, state_hash(replica.machine)) == before
+
+
+def test_destroyed_replicas__leave_no_open_descriptors(tmp_path: Path) -> None:
+    """pysyncobj never closed its wake-up pipe: each replica leaked two descriptors, and a test
+    process that made hundreds crossed select()'s limit of 1,024 (`Replica._doDestroy`)."""
+
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    replica = make_replica(tmp_path / "warm-up")  # imports and caches settle first
+    replica.destroy()
+    before = open_descriptors()
+    for number in range(20):
+        make_replica(tmp_path / f"member-{number}").destroy()
+    assert open_descriptors() == before
