@@ -263,6 +263,10 @@ def test_follower_with_a_clock_an_hour_ahead__does_not_move_replicated_time(
     async def body(stores: list[RaftStore]) -> None:
         follower = next(store for store in stores if not store.is_leader)
         follower.clock = _SkewedClock()
+        # Replicated time starts at 0 and is set by the leader's first tick: read `before` once
+        # that has been applied here, or a tick landing in between looks like a jump (a flake
+        # seen in CI: 0 -> the leader's wall clock).
+        await _eventually(lambda: follower.replica.read(lambda machine: machine.now_ms) > 0)
         before = (await follower.read(lambda machine: machine.now_ms)).value
         await follower.propose(KvPut(key="a", value=b""))
         after = (await follower.read(lambda machine: machine.now_ms)).value
