@@ -27,7 +27,8 @@ from node.cli_common import (
     resolve_settings,
 )
 from raftstore.config import RaftConfig
-from raftstore.replica import seed_data_dir, write_file_durably
+from raftstore.files import write_file_durably
+from raftstore.replica import seed_data_dir
 from xrcore.errors import InvalidArgument
 
 __all__ = ["snapshot"]

@@ -44,6 +44,7 @@ from pysyncobj.transport import Transport
 
 from raftstore import frames
 from raftstore.config import RaftConfig
+from raftstore.files import fsync_directory, write_file_durably
 from raftstore.guards import back_off_to_commit_index, keep_matching_entries
 from xrcore import Applied, StateMachine
 from xrcore.errors import CodecError, InvalidArgument
@@ -59,11 +60,9 @@ __all__ = [
     "decode_raft_snapshot",
     "encode_group",
     "encode_raft_snapshot",
-    "fsync_directory",
     "journal_file_sync",
     "repair_journal",
     "seed_data_dir",
-    "write_file_durably",
 ]
 
 log = logging.getLogger(__name__)
@@ -146,27 +145,6 @@ journal_file_sync: FileSync = os.fdatasync
 # then records of (4-byte size, 8-byte index, 8-byte term, command, 4-byte size).
 _JOURNAL_HEADER_BYTES = 40
 _JOURNAL_END_OFFSET = 36
-
-
-def fsync_directory(path: Path) -> None:
-    """Makes the names in a directory (a file created or renamed there) durable."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def write_file_durably(path: Path, data: bytes) -> None:
-    """Replaces `path` with `data` atomically and durably: a temporary file, fsync, rename,
-    directory fsync. A crash at any point leaves the old file or the new one, never a mix."""
-    temporary = path.with_name(path.name + ".tmp-xr")
-    with temporary.open("wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    fsync_directory(path.parent)
 
 
 def repair_journal(path: Path) -> int:

@@ -40,7 +40,6 @@ import hashlib
 import math
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import suppress
@@ -53,6 +52,7 @@ import msgspec
 import numpy as np
 
 from node.executor.arrays import to_numpy
+from raftstore.files import fsync_directory, write_file_durably
 
 __all__ = [
     "ARRAYS_PER_CHECKPOINT_MAX",
@@ -400,7 +400,7 @@ class FileCheckpointStore:
         path = self.root / uri
         with suppress(FileNotFoundError):
             path.unlink()
-            _fsync_directory(path.parent)
+            fsync_directory(path.parent)
 
     def garbage_collect(
         self, job_id: str, task_index: int, keep_uris: Iterable[str], *, token: int
@@ -465,7 +465,7 @@ class FileCheckpointStore:
             deleted += 1
             freed_bytes += status.st_size
         if deleted:
-            _fsync_directory(directory)
+            fsync_directory(directory)
         return deleted, freed_bytes
 
     @staticmethod
@@ -537,15 +537,6 @@ def _listing(directory: Path) -> list[Path]:
         return []
 
 
-def _fsync_directory(directory: Path) -> None:
-    """Makes a rename or unlink in `directory` durable."""
-    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def _make_directory(directory: Path) -> None:
     if directory.is_dir():
         return
@@ -553,26 +544,12 @@ def _make_directory(directory: Path) -> None:
     # The new directory's entry must be durable too, or a crash could lose the whole directory.
     for level in (directory.parent, directory.parent.parent):
         with suppress(OSError):
-            _fsync_directory(level)
+            fsync_directory(level)
 
 
 def _write_atomically(path: Path, data: bytes | memoryview) -> None:
-    """Writes `path` whole or not at all: a temporary file in the same directory (so the rename
-    stays on one filesystem), fsynced, renamed over `path`, then the directory fsynced."""
+    """Writes `path` whole or not at all (`raftstore.files.write_file_durably`), in a directory
+    made durably first. Other regions' nodes may run as other users of the shared directory, so
+    the file is readable by all."""
     _make_directory(path.parent)
-    descriptor, temporary = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=_TEMPORARY_SUFFIX
-    )
-    try:
-        with os.fdopen(descriptor, "wb") as sink:
-            # Other regions' nodes may run as other users of the shared directory.
-            os.fchmod(sink.fileno(), 0o644)
-            sink.write(data)
-            sink.flush()
-            os.fsync(sink.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(path.parent)
+    write_file_durably(path, data, suffix=_TEMPORARY_SUFFIX, mode=0o644)

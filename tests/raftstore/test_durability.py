@@ -27,7 +27,8 @@ import pytest
 import raftstore.replica as replica_module
 from raftstore import sim
 from raftstore.config import RaftConfig
-from raftstore.replica import repair_journal, seed_data_dir, write_file_durably
+from raftstore.files import write_file_durably
+from raftstore.replica import repair_journal, seed_data_dir
 from raftstore.sim import SimCluster
 from raftstore.store import RaftStore
 from xrcore import StateMachine, kv
@@ -317,6 +318,20 @@ def test_seed_data_dir__refuses_a_directory_that_holds_a_journal(tmp_path: Path)
 # A power loss: every file goes back to what its last sync put on disk.
 
 
+def _final_name(temporary: Path) -> Path | None:
+    """The name a temporary file is renamed to: `.<name>.<random>.tmp`
+    (`raftstore.files.write_file_durably`), `<name>.tmp` (pysyncobj's term and vote file) or
+    `<name>.compact` (journal compaction)."""
+    name = temporary.name
+    if name.startswith(".") and name.endswith(".tmp"):
+        return temporary.with_name(name[1 : -len(".tmp")].rsplit(".", 1)[0])
+    if name.endswith(".tmp"):
+        return temporary.with_name(name[: -len(".tmp")])
+    if name.endswith(".compact"):
+        return temporary.with_name(name[: -len(".compact")])
+    return None
+
+
 @dataclass
 class PowerLossDisk:
     """What a power loss would keep of each file: its content at its last (fd)sync, moved to
@@ -331,9 +346,9 @@ class PowerLossDisk:
                 temporary = Path(name)
                 if temporary.parent != path or temporary.exists():
                     continue
-                for suffix in (".tmp-xr", ".compact", ".tmp"):
-                    if name.endswith(suffix):
-                        self.kept[name[: -len(suffix)]] = self.kept.pop(name)
+                final = _final_name(temporary)
+                if final is not None:
+                    self.kept[str(final)] = self.kept.pop(name)
         else:
             self.kept[str(path)] = path.read_bytes()
 
