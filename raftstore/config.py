@@ -78,8 +78,14 @@ class RaftConfig:
     # Snapshot (log compaction) when the log has this many entries or is this old.
     log_compaction_min_entries: int = 50_000
     log_compaction_min_time_s: float = 600.0
-    # The tick driver's poll wait: how long pysyncobj may sleep when nothing happens.
+    # The longest time between two ticks of pysyncobj when no message or proposal comes.
     tick_wait_s: float = 0.005
+    # How long the leader may hold back telling followers that entries committed, waiting for
+    # the next entries to carry the news (every append_entries message holds the commit index).
+    # pysyncobj sends a message to every follower after each commit, and each follower answers
+    # it: at 1 write in flight that doubled the messages per write. Commits that a follower
+    # waits on (commands it forwarded) are announced at once.
+    commit_notice_delay_s: float = 0.001
 
     # xr's own settings.
     # The leader proposes a tick this often, so the lease clock follows real time while the
@@ -113,11 +119,17 @@ class RaftConfig:
                 f"raft.raft_min_timeout_s ({self.raft_min_timeout_s}) must be below "
                 f"raft.raft_max_timeout_s ({self.raft_max_timeout_s})"
             )
-        if self.append_entries_period_s * 2 > self.raft_min_timeout_s:
+        if self.append_entries_period_s * 3 >= self.raft_min_timeout_s:
+            # pysyncobj asserts this too, with a bare AssertionError.
             raise InvalidArgument(
-                f"raft.append_entries_period_s ({self.append_entries_period_s}) must be at most "
-                f"half of raft.raft_min_timeout_s ({self.raft_min_timeout_s}), or followers "
+                f"raft.append_entries_period_s ({self.append_entries_period_s}) must be below "
+                f"a third of raft.raft_min_timeout_s ({self.raft_min_timeout_s}), or followers "
                 "start elections against a healthy leader"
+            )
+        if self.commit_notice_delay_s > self.append_entries_period_s:
+            raise InvalidArgument(
+                f"raft.commit_notice_delay_s ({self.commit_notice_delay_s}) must be at most "
+                f"raft.append_entries_period_s ({self.append_entries_period_s})"
             )
         if self.leader_fallback_timeout_s < self.raft_max_timeout_s:
             raise InvalidArgument(

@@ -19,12 +19,14 @@ quorum), a member alone syncs before the tick that commits, and many entries sha
 Term and vote are written to disk (temporary file, fsync, rename, directory fsync) before the
 call that changes them returns, so before any vote leaves.
 
-Threads: every method here runs on the tick driver's thread, except `read`, which any thread may
-call; `state_lock` keeps a read from seeing a group half applied.
+Threads: every method here runs on the thread that ticks the replica (the event loop's, under
+`RaftStore`), except `read`, which any thread may call; `state_lock` keeps a read from seeing a
+group half applied.
 """
 
 from __future__ import annotations
 
+import collections
 import importlib
 import logging
 import os
@@ -323,7 +325,7 @@ class DurableJournal:
 class Outbox:
     """Holds the messages a replica sends until the journal is on disk: `flush` sends the
     leading run of leader messages, syncs the journal (if it changed) and then sends, in order,
-    everything else that waited. Any thread may `send`; the tick thread flushes."""
+    everything else that waited. Any thread may `send`; the ticking thread flushes."""
 
     def __init__(self, journal: DurableJournal, send: Callable[[Any, Any], Any]) -> None:
         self.journal = journal
@@ -371,9 +373,11 @@ class Replica(SyncObj):
         transport: Transport | None = None,
         on_applied: Callable[[list[Applied]], None] | None = None,
         file_sync: FileSync | None = None,
+        poller: Any | None = None,
     ) -> None:
         """`file_sync` syncs the journal's file descriptor in "fsync" mode; by default
-        `journal_file_sync` (tests replace either to count or observe syncs)."""
+        `journal_file_sync` (tests replace either to count or observe syncs). `poller` replaces
+        pysyncobj's own (`raftstore.loop_poller.LoopPoller` runs it on an event loop)."""
         # Set before SyncObj.__init__, which may load a snapshot and replay the journal.
         self.machine = StateMachine(limits)
         self.state_lock = threading.Lock()
@@ -408,14 +412,35 @@ class Replica(SyncObj):
         )
         # Strangers on the Raft port may not announce frames bigger than a handshake.
         frames.install()
-        super().__init__(
-            config.self_address,
-            list(config.peers),
-            conf,
-            transport=transport,
-        )
+        # pysyncobj makes its poller in its constructor through a module function, and hands it
+        # to its transport there: the only way in is to stand in for that function meanwhile.
+        create_poller = syncobj_module.createPoller
+        if poller is not None:
+            syncobj_module.createPoller = lambda pollerType: poller
+        try:
+            super().__init__(
+                config.self_address,
+                list(config.peers),
+                conf,
+                transport=transport,
+            )
+        finally:
+            syncobj_module.createPoller = create_poller
+        if poller is not None:
+            # pysyncobj writes to its wake-up pipe on every proposal to end the poller's wait; a
+            # loop-driven replica is ticked by its owner after proposing instead.
+            notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+            if notifier is not None:
+                notifier.notify = lambda: None
         self._incoming_snapshot = _IncomingSnapshot()
         self._guard_append_entries()
+        # Commit notices (see `_SyncObj__applyLogEntries`): when the held-back notice is due
+        # (pysyncobj's monotonic clock, 0.0 if none is held back), and the log indexes of
+        # commands that followers forwarded and wait on.
+        self._commit_notice_delay_s = config.commit_notice_delay_s
+        self._commit_notice_due_s = 0.0
+        self._forwarded_indexes: collections.deque[int] = collections.deque()
+        self._watch_forwarded_commands()
         self.journal: DurableJournal | None = None
         self.outbox: Outbox | None = None
         if self.durable:
@@ -433,7 +458,77 @@ class Replica(SyncObj):
         # Before the poller waits: what this tick appended and sent goes out after one sync.
         getattr(self, "addOnTickCallback")(self.outbox.flush)  # noqa: B009 - not in the stub
 
+    # Commit notices. pysyncobj's leader (batching off) sends every follower an append_entries
+    # message as soon as it has applied newly committed entries, only to carry the commit index,
+    # and each follower answers it. The next entries carry the commit index anyway, so the leader
+    # holds the notice back for up to `commit_notice_delay_s`: at one write in flight the next
+    # write's entries carry it, and the messages per write are halved. Safety does not depend on
+    # when followers learn of a commit; a follower that forwarded a command waits to apply it, so
+    # such commits are announced at once.
+
+    # Overrides SyncObj's private (name-mangled) method: SyncObj's `self.__applyLogEntries()`
+    # finds this one.
+    def _SyncObj__applyLogEntries(self) -> bool:
+        applied: bool = getattr(SyncObj, "_SyncObj__applyLogEntries")(self)  # noqa: B009
+        if not self._isLeader():
+            # Indexes forwarded to an earlier term of this member's leadership: no longer awaited.
+            self._forwarded_indexes.clear()
+            return applied
+        if not applied:
+            return applied
+        commit_index: int = getattr(self, "_SyncObj__raftCommitIndex")  # noqa: B009
+        forwarded = self._forwarded_indexes
+        awaited = False
+        while forwarded and forwarded[0] <= commit_index:
+            forwarded.popleft()
+            awaited = True
+        if awaited:
+            return True
+        if not self._commit_notice_due_s:
+            self._commit_notice_due_s = syncobj_module.monotonicTime() + self._commit_notice_delay_s
+        return False
+
+    # Overrides SyncObj's private method, as above.
+    def _SyncObj__sendAppendEntries(self) -> None:
+        # Every follower gets a message holding the commit index: nothing is held back anymore.
+        self._commit_notice_due_s = 0.0
+        getattr(SyncObj, "_SyncObj__sendAppendEntries")(self)  # noqa: B009
+
+    def _send_due_commit_notice(self) -> None:
+        due_s = self._commit_notice_due_s
+        if due_s and syncobj_module.monotonicTime() >= due_s:
+            if self._isLeader():
+                self._SyncObj__sendAppendEntries()
+            self._commit_notice_due_s = 0.0
+
+    def tick_wait_s(self, wait_s: float) -> float:
+        """How long the next tick may wait for messages: at most `wait_s`, less while a held-back
+        commit notice is due sooner."""
+        due_s = self._commit_notice_due_s
+        if not due_s:
+            return wait_s
+        return max(0.0, min(wait_s, due_s - syncobj_module.monotonicTime()))
+
+    def _watch_forwarded_commands(self) -> None:
+        """Notes the log index of every command a follower forwarded: the leader answers it with
+        an `apply_command_response` naming the index, and the follower then waits to apply it."""
+        transport: Any = getattr(self, "_SyncObj__transport")  # noqa: B009 - name-mangled
+        send = transport.send
+        forwarded = self._forwarded_indexes
+
+        def send_noting_forwarded(node: Any, message: Any) -> bool:
+            if (
+                isinstance(message, dict)
+                and message.get("type") == "apply_command_response"
+                and isinstance(message.get("log_idx"), int)
+            ):
+                forwarded.append(message["log_idx"])
+            return bool(send(node, message))
+
+        transport.send = send_noting_forwarded
+
     def _onTick(self, timeToWait: float = 0.0) -> None:
+        self._send_due_commit_notice()
         outbox = self.outbox
         if outbox is None:
             _sync_obj_on_tick(self, timeToWait)
@@ -541,7 +636,7 @@ class Replica(SyncObj):
         os.close(write_fd)
 
     def propose_group(self, group: bytes, callback: Callable[[Any, int], None]) -> None:
-        """Proposes a group; `callback(results, reason)` runs on the tick thread once it is
+        """Proposes a group; `callback(results, reason)` runs inside a tick once it is
         applied here, or has failed. pysyncobj's decorator adds the `callback` argument."""
         self.apply_group(group, callback=callback)  # type: ignore[call-arg]
 

@@ -30,7 +30,7 @@ class Drops:
     """The peers (Raft addresses) this node exchanges no messages with."""
 
     def __init__(self) -> None:
-        # Replaced whole, never mutated: the tick thread reads it without a lock.
+        # Replaced whole, never mutated: the ticking thread reads it without a lock.
         self._peers: frozenset[str] = frozenset()
 
     @classmethod

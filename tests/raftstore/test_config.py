@@ -33,7 +33,10 @@ def test_defaults__are_valid_and_files_live_in_the_data_directory() -> None:
         ({"raft_min_timeout_s": 0.0}, "raft.raft_min_timeout_s must be positive, got 0.0"),
         ({"proposals_in_flight_max": -1}, "raft.proposals_in_flight_max must be positive"),
         ({"raft_min_timeout_s": 2.0}, "raft.raft_min_timeout_s (2.0) must be below"),
-        ({"append_entries_period_s": 0.3}, "raft.append_entries_period_s (0.3) must be at most"),
+        ({"append_entries_period_s": 0.3}, "raft.append_entries_period_s (0.3) must be below"),
+        # pysyncobj's own bound (it asserts raftMinTimeout > 3 * appendEntriesPeriod).
+        ({"append_entries_period_s": 0.2}, "raft.append_entries_period_s (0.2) must be below"),
+        ({"commit_notice_delay_s": 0.2}, "raft.commit_notice_delay_s (0.2) must be at most"),
         ({"leader_fallback_timeout_s": 0.5}, "raft.leader_fallback_timeout_s (0.5) must be"),
         ({"self_address": "nohost"}, "address 'nohost' must be host:port"),
         ({"peers": ("127.0.0.1:9000",)}, "must not contain self_address"),

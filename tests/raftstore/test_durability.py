@@ -163,6 +163,9 @@ def _write_load(cluster: SimCluster, writes: int) -> int:
 
         assert cluster.run_until(all_done, timeout_s=10.0), [p.status for p in proposals]
         done += sum(1 for proposal in proposals if proposal.status == "ok")
+    # Followers may learn of the last commits only from the next heartbeat (the leader holds
+    # back commit notices that no follower waits on): let every member apply everything.
+    cluster.run_for(0.5)
     return done
 
 

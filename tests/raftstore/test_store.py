@@ -9,12 +9,14 @@ simulator in tests/sim; real processes and kill -9 by tests/raftstore/test_proce
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import uvloop
 
 from raftstore.clock import RealClock
 from raftstore.config import RaftConfig
@@ -74,7 +76,12 @@ async def _leader(stores: list[RaftStore]) -> RaftStore:
     return await _eventually(lambda: next((s for s in stores if s.is_leader), None))
 
 
-def _run(body: Callable[[list[RaftStore]], Awaitable[None]], configs: list[RaftConfig]) -> None:
+def _run(
+    body: Callable[[list[RaftStore]], Awaitable[None]],
+    configs: list[RaftConfig],
+    *,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> None:
     async def main() -> None:
         stores = await _started(configs)
         try:
@@ -84,7 +91,8 @@ def _run(body: Callable[[list[RaftStore]], Awaitable[None]], configs: list[RaftC
             for store in stores:
                 await store.stop()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
 
 
 def test_write_on_a_follower__is_forwarded_and_read_linearizably_elsewhere(
@@ -330,3 +338,127 @@ def test_the_raft_port_listens_on_its_own_address_only(tmp_path: Path) -> None:
         assert _listening_hosts(port) == {"127.0.0.1"}
 
     _run(body, configs)
+
+
+class _SentToFollowers:
+    """Records, on a member, each append_entries message it sends: the tick it was sent in, the
+    recipient, whether it carried entries, and the commit index it announced."""
+
+    def __init__(self, store: RaftStore) -> None:
+        self.tick = 0
+        self.messages: list[tuple[int, str, bool, int]] = []
+        self.applied_in_tick: dict[int, int] = {}
+        replica: Any = store.replica
+        transport: Any = replica._SyncObj__transport
+        send = transport.send
+        on_tick = replica._onTick
+        on_applied = replica.on_applied
+
+        def sending(node: Any, message: Any) -> bool:
+            if isinstance(message, dict) and message.get("type") == "append_entries":
+                self.messages.append(
+                    (self.tick, str(node), bool(message.get("entries")), message["commit_index"])
+                )
+            return bool(send(node, message))
+
+        def ticking(time_to_wait: float = 0.0) -> None:
+            self.tick += 1
+            on_tick(time_to_wait)
+
+        def applied(results: Any) -> None:
+            # pysyncobj counts the entry as applied only after the method returns.
+            self.applied_in_tick[replica.raftLastApplied + 1] = self.tick
+            if on_applied is not None:
+                on_applied(results)
+
+        transport.send = sending
+        replica._onTick = ticking
+        replica.on_applied = applied
+
+    def commit_only(self) -> int:
+        return sum(1 for _, _, entries, _ in self.messages if not entries)
+
+
+def test_sequential_writes__the_leader_sends_no_message_per_commit_only_to_announce_it(
+    tmp_path: Path,
+) -> None:
+    """pysyncobj's leader (batching off) sends every follower a message after each commit just to
+    carry the commit index; the next write's entries carry it instead. Without holding the notice
+    back, 200 sequential writes cost at least 400 such messages (one per write per follower)."""
+    writes = 200
+
+    async def body(stores: list[RaftStore]) -> None:
+        leader = await _leader(stores)
+        sent = _SentToFollowers(leader)
+        for seq in range(1, writes + 1):
+            await leader.propose(KvPut(key="k", value=b"v"), client_id="c", seq=seq)
+        # Heartbeats (every 0.1 s) and the odd notice that fell due carry no entries; far fewer
+        # than one per write per follower.
+        assert sent.commit_only() < writes, sent.commit_only()
+        revision = leader.replica.read(lambda machine: machine.revision)
+        for store in stores:
+            await _eventually(
+                lambda store=store: store.replica.read(lambda m: m.revision) == revision
+            )
+
+    _run(body, _configs(tmp_path))
+
+
+def test_write_forwarded_by_a_follower__its_commit_is_announced_in_the_tick_that_applies_it(
+    tmp_path: Path,
+) -> None:
+    """A follower that forwarded a command waits until it applies it, so the leader announces
+    that commit at once instead of holding the notice back (here for up to 0.3 s)."""
+
+    async def body(stores: list[RaftStore]) -> None:
+        leader = await _leader(stores)
+        follower = next(store for store in stores if store is not leader)
+        sent = _SentToFollowers(leader)
+        for seq in range(1, 6):
+            applied = await follower.propose(KvPut(key="k", value=b"v"), client_id="c", seq=seq)
+            assert applied.result.error is None
+        follower_address = follower.config.self_address
+        # Every entry the leader applied meanwhile is a forwarded write (no lease ticks here).
+        assert len(sent.applied_in_tick) == 5
+        for index, tick in sent.applied_in_tick.items():
+            assert any(
+                sent_tick == tick and node == follower_address and commit_index >= index
+                for sent_tick, node, _, commit_index in sent.messages
+            ), (index, tick, sent.messages)
+
+    _run(
+        body,
+        _configs(
+            tmp_path,
+            append_entries_period_s=0.3,
+            raft_min_timeout_s=1.0,
+            raft_max_timeout_s=1.5,
+            leader_fallback_timeout_s=5.0,
+            commit_notice_delay_s=0.3,
+            lease_tick_interval_s=30.0,
+        ),
+    )
+
+
+def test_under_uvloop__an_idle_cluster_keeps_its_leader_and_ticks_raise_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The node runs the store on uvloop, whose timer for a moment already past is a plain handle
+    (it once broke the tick timer while a commit notice was due). Sequential writes, then idle
+    for three election timeouts: pysyncobj's heartbeats must keep the leader in office."""
+
+    async def body(stores: list[RaftStore]) -> None:
+        leader = await _leader(stores)
+        for seq in range(1, 301):
+            await leader.propose(KvPut(key="k", value=b"v"), client_id="c", seq=seq)
+        term = leader.replica.raftCurrentTerm
+        await asyncio.sleep(3 * 1.0)
+        assert leader.is_leader and leader.replica.raftCurrentTerm == term
+        await stores[0].propose(KvPut(key="k", value=b"w"), client_id="c", seq=301)
+
+    caplog.set_level(logging.ERROR)
+    # uvloop rounds a timer's delay to whole milliseconds: a notice due in under 0.5 ms is the
+    # case that got a plain handle.
+    configs = _configs(tmp_path, commit_notice_delay_s=0.0003)
+    _run(body, configs, loop_factory=uvloop.new_event_loop)
+    assert [record.getMessage() for record in caplog.records] == []

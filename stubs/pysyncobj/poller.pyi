@@ -1,0 +1,4 @@
+class POLL_EVENT_TYPE:
+    READ: int
+    WRITE: int
+    ERROR: int
