@@ -17,6 +17,7 @@ its constructor, before the loop runs) are registered when the loop attaches."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import TcpConnection
 
 __all__ = ["LoopPoller", "install"]
+
+log = logging.getLogger(__name__)
 
 _READ = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
 
@@ -112,5 +115,8 @@ class LoopPoller:
         subscription = self._subscriptions.get(descriptor)
         if subscription is None:
             return
-        subscription[0](descriptor, event)
+        try:
+            subscription[0](descriptor, event)
+        except Exception:  # pragma: no cover - a bug in pysyncobj or xr; keep the node up
+            log.exception("raft socket event failed")
         self._on_event()
