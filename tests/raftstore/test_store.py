@@ -21,7 +21,7 @@ import uvloop
 from raftstore.clock import RealClock
 from raftstore.config import RaftConfig
 from raftstore.store import RaftStore
-from xrcore import errors, kv
+from xrcore import StateMachine, errors, kv
 from xrcore.commands import KvPut
 
 pytestmark = pytest.mark.integration
@@ -340,6 +340,10 @@ def test_the_raft_port_listens_on_its_own_address_only(tmp_path: Path) -> None:
     _run(body, configs)
 
 
+def _revision(machine: StateMachine) -> int:
+    return int(machine.revision)
+
+
 class _SentToFollowers:
     """Records, on a member, each append_entries message it sends: the tick it was sent in, the
     recipient, whether it carried entries, and the commit index it announced."""
@@ -395,11 +399,12 @@ def test_sequential_writes__the_leader_sends_no_message_per_commit_only_to_annou
         # Heartbeats (every 0.1 s) and the odd notice that fell due carry no entries; far fewer
         # than one per write per follower.
         assert sent.commit_only() < writes, sent.commit_only()
-        revision = leader.replica.read(lambda machine: machine.revision)
-        for store in stores:
-            await _eventually(
-                lambda store=store: store.replica.read(lambda m: m.revision) == revision
-            )
+        revision = leader.replica.read(_revision)
+
+        def everyone_applied() -> bool:
+            return all(store.replica.read(_revision) == revision for store in stores)
+
+        await _eventually(everyone_applied)
 
     _run(body, _configs(tmp_path))
 
