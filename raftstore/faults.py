@@ -20,7 +20,10 @@ The faults, and where each acts:
   `leader_fallback_timeout_s` and serves old data meanwhile (`RaftStore.read`).
 - `ack-before-commit`: an API write is answered as soon as it is proposed, with the result of
   applying it to a copy of this replica's state, before the log commits it; a write the log later
-  loses, or that a concurrent write supersedes, was reported done (`node.api.app.write`).
+  loses, or that a concurrent write supersedes, was reported done (`node.api.app.write`). The
+  proposal leaves `ACK_BEFORE_COMMIT_DELAY_S` after the answer, as under a slow disk or network:
+  on loopback a commit takes about a millisecond, too short a window for the harness to catch
+  the bug reliably in a few seconds of load.
 - `unfenced-locks`: a lock grant is answered with the token of the first grant of that lock this
   node served, so tokens stop increasing between holders, and `validate` accepts any token up to
   the current one (`node.api.locks`).
@@ -66,6 +69,8 @@ TEST_RUN_VARIABLE = "XR_TEST_RUN"
 # Under `local-clock-leases`, the step the lease clock may take in one entry: about three years,
 # so in practice the lease clock moves exactly as the leader's wall clock does.
 UNBOUNDED_LEASE_STEP_MS = 100_000_000_000
+# `ack-before-commit`: how long after its answer the write is proposed.
+ACK_BEFORE_COMMIT_DELAY_S = 0.02
 # Lock names whose first token `unfenced-locks` remembers; beyond it grants keep their own token.
 REMEMBERED_LOCKS_MAX = 100_000
 
@@ -176,6 +181,7 @@ async def acknowledge_before_commit(
     caller was told it is done."""
 
     async def propose() -> None:
+        await asyncio.sleep(ACK_BEFORE_COMMIT_DELAY_S)
         try:
             await store.propose(command, client_id=client_id, seq=seq)
         except XrError as error:
