@@ -9,11 +9,15 @@ the follower is left without entries it acknowledged and can elect a leader that
 committed entry. When the re-send ends at the follower's last entry nothing is lost, but the
 entries are deleted and written again, and pysyncobj logs that it truncated applied entries.
 
-When every entry of the message matches the follower's log and the follower's last entry is of the
-message's term (so it came from this leader, and by log matching the whole log up to it is the
-leader's), the message is rewritten to an empty one ending at the follower's last entry: nothing
-is deleted and the acknowledgement is exact. A tail of older terms is still truncated as pysyncobj
-does; Raft would keep the part that does not conflict, so that case remains narrower but open.
+When the entries of the message that overlap the follower's log all match it and the follower's
+last entry is of the message's term (so it came from this leader, and by log matching the whole
+log up to it is the leader's), the message is rewritten to start at the follower's last entry,
+carrying only the entries beyond it (none, for a re-send that ends there): nothing is deleted and
+the acknowledgement is exact. A re-send that runs past the follower's last entry is common under
+load (about 100 in 40 s of 64 concurrent HTTP writes, before this covered it), and pysyncobj
+deleted and rewrote its overlap each time, so a kill in between lost acknowledged entries.
+A tail of older terms is still truncated as pysyncobj does; Raft would keep the part that does
+not conflict, so that case remains narrower but open.
 The other follower guards (commit index from snapshot chunks, stale snapshots) live in
 `raftstore.replica`, beside the snapshot format they read.
 """
@@ -48,15 +52,24 @@ def keep_matching_entries(syncobj: SyncObj, message: dict[str, Any]) -> dict[str
     previous_index: int = message["prevLogIdx"]
     entries: list[Any] = message.get("entries") or []
     last_index, last_term = _last_entry(syncobj)
-    if previous_index + len(entries) > last_index or last_term != message.get("term"):
+    # The entries of the message that the follower holds too (the rest lie beyond its log).
+    overlap = min(len(entries), last_index - previous_index)
+    if overlap <= 0 or last_term != message.get("term"):
         return message
-    local = _entries_from(syncobj, previous_index, len(entries) + 1)
-    if len(local) != len(entries) + 1 or local[0][2] != message["prevLogTerm"]:
+    local = _entries_from(syncobj, previous_index, overlap + 1)
+    if len(local) != overlap + 1 or local[0][2] != message["prevLogTerm"]:
         return message
-    for sent, held in zip(entries, local[1:], strict=True):
+    for sent, held in zip(entries[:overlap], local[1:], strict=True):
         if sent[1] != held[1] or sent[2] != held[2]:
             return message
-    return {**message, "prevLogIdx": last_index, "prevLogTerm": last_term, "entries": []}
+    if overlap < len(entries) and entries[overlap][1] != last_index + 1:
+        return message
+    return {
+        **message,
+        "prevLogIdx": last_index,
+        "prevLogTerm": last_term,
+        "entries": entries[overlap:],
+    }
 
 
 def back_off_to_commit_index(syncobj: SyncObj, message: dict[str, Any]) -> dict[str, Any]:

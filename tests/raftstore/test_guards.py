@@ -105,3 +105,33 @@ def test_resent_suffix_ending_at_the_last_entry__deletes_nothing(follower: _Foll
     assert (rewritten["prevLogIdx"], rewritten["entries"]) == (11, [])
     follower.deliver(LEADER, _append(6, entries[5:], commit_index=11))
     assert follower.log_end() == 11
+
+
+def test_resent_prefix_running_past_the_last_entry__deletes_nothing_and_appends_the_rest(
+    follower: _Follower,
+) -> None:
+    # The leader's next index went back to 7 while entries 12..14 were new: pysyncobj would
+    # delete 7..11 (acknowledged, applied) and add them back with 12..14; a kill in between
+    # would lose them. The guard keeps 7..11 and appends only 12..14.
+    entries = [(NO_OP, index, 1) for index in range(2, 15)]
+    follower.deliver(LEADER, _append(1, entries[:10], commit_index=11))
+    journal: Any = follower.replica._SyncObj__raftLog  # type: ignore[attr-defined]
+    deletions: list[int] = []
+    delete_from = journal.deleteEntriesFrom
+
+    def deleting(entry_from: int) -> None:
+        deletions.append(entry_from)
+        delete_from(entry_from)
+
+    journal.deleteEntriesFrom = deleting
+    message = _append(6, entries[5:], commit_index=11)
+    rewritten = keep_matching_entries(follower.replica, message)
+    assert rewritten["prevLogIdx"] == 11
+    assert [entry[1] for entry in rewritten["entries"]] == [12, 13, 14]
+    replies = follower.deliver(LEADER, message)
+    assert deletions == []
+    assert follower.log_end() == 14
+    assert any(
+        reply.get("type") == "next_node_idx" and reply["success"] and reply["next_node_idx"] == 15
+        for reply in replies
+    ), replies
