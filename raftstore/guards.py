@@ -52,10 +52,12 @@ def keep_matching_entries(syncobj: SyncObj, message: dict[str, Any]) -> dict[str
     previous_index: int = message["prevLogIdx"]
     entries: list[Any] = message.get("entries") or []
     last_index, last_term = _last_entry(syncobj)
-    # The entries of the message that the follower holds too (the rest lie beyond its log).
-    overlap = min(len(entries), last_index - previous_index)
-    if overlap <= 0 or last_term != message.get("term"):
+    # How many entries the follower holds after the message's previous one: none, and pysyncobj
+    # deletes nothing. Of those, the message's overlap (its other entries lie beyond them).
+    held = last_index - previous_index
+    if held <= 0 or last_term != message.get("term"):
         return message
+    overlap = min(len(entries), held)
     local = _entries_from(syncobj, previous_index, overlap + 1)
     if len(local) != overlap + 1 or local[0][2] != message["prevLogTerm"]:
         return message

@@ -135,3 +135,12 @@ def test_resent_prefix_running_past_the_last_entry__deletes_nothing_and_appends_
         reply.get("type") == "next_node_idx" and reply["success"] and reply["next_node_idx"] == 15
         for reply in replies
     ), replies
+
+
+def test_heartbeat_with_a_stale_previous_entry__deletes_nothing(follower: _Follower) -> None:
+    entries = [(NO_OP, index, 1) for index in range(2, 12)]
+    follower.deliver(LEADER, _append(1, entries, commit_index=11))
+    rewritten = keep_matching_entries(follower.replica, _append(6, [], commit_index=11))
+    assert (rewritten["prevLogIdx"], rewritten["entries"]) == (11, [])
+    follower.deliver(LEADER, _append(6, [], commit_index=11))
+    assert follower.log_end() == 11
