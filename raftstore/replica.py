@@ -440,7 +440,7 @@ class Replica(SyncObj):
         self._commit_notice_delay_s = config.commit_notice_delay_s
         self._commit_notice_due_s = 0.0
         self._forwarded_indexes: collections.deque[int] = collections.deque()
-        self._watch_forwarded_commands()
+        self._watch_sends()
         self.journal: DurableJournal | None = None
         self.outbox: Outbox | None = None
         if self.durable:
@@ -509,23 +509,27 @@ class Replica(SyncObj):
             return wait_s
         return max(0.0, min(wait_s, due_s - syncobj_module.monotonicTime()))
 
-    def _watch_forwarded_commands(self) -> None:
-        """Notes the log index of every command a follower forwarded: the leader answers it with
-        an `apply_command_response` naming the index, and the follower then waits to apply it."""
+    def _watch_sends(self) -> None:
+        """One wrapper around every message this replica sends (a hot path):
+        - a follower's `next_node_idx` rejection backs off to its commit index
+          (`guards.back_off_to_commit_index`, pysyncobj's liveness bug 4 in docs/raftstore.md);
+        - the leader notes the log index of every command a follower forwarded: it answers it
+          with an `apply_command_response` naming the index, and the follower then waits to
+          apply it, so that commit is announced at once."""
         transport: Any = getattr(self, "_SyncObj__transport")  # noqa: B009 - name-mangled
         send = transport.send
         forwarded = self._forwarded_indexes
 
-        def send_noting_forwarded(node: Any, message: Any) -> bool:
-            if (
-                isinstance(message, dict)
-                and message.get("type") == "apply_command_response"
-                and isinstance(message.get("log_idx"), int)
-            ):
-                forwarded.append(message["log_idx"])
+        def send_watched(node: Any, message: Any) -> bool:
+            if isinstance(message, dict):
+                kind = message.get("type")
+                if kind == "next_node_idx":
+                    message = back_off_to_commit_index(self, message)
+                elif kind == "apply_command_response" and isinstance(message.get("log_idx"), int):
+                    forwarded.append(message["log_idx"])
             return bool(send(node, message))
 
-        transport.send = send_noting_forwarded
+        transport.send = send_watched
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         self._send_due_commit_notice()
@@ -585,14 +589,6 @@ class Replica(SyncObj):
             receive(node, message)
 
         transport.setOnMessageReceivedCallback(receive_guarded)
-        send = transport.send
-
-        def send_guarded(node: Any, message: Any) -> bool:
-            if isinstance(message, dict) and message.get("type") == "next_node_idx":
-                message = back_off_to_commit_index(self, message)
-            return bool(send(node, message))
-
-        transport.send = send_guarded
 
     def _holds(self, index: int, term: int) -> bool:
         """Whether this replica has applied raft entry `index` (applied entries are committed,
