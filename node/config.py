@@ -93,6 +93,7 @@ class RaftSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     connection_retry_time_s: float = _raft_default("connection_retry_time_s")
     log_compaction_min_entries: int = _raft_default("log_compaction_min_entries")
     log_compaction_min_time_s: float = _raft_default("log_compaction_min_time_s")
+    pre_vote: bool = _raft_default("pre_vote")
     lease_tick_interval_s: float = _raft_default("lease_tick_interval_s")
     proposals_in_flight_max: int = _raft_default("proposals_in_flight_max")
     propose_timeout_s: float = _raft_default("propose_timeout_s")

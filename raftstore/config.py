@@ -86,6 +86,11 @@ class RaftConfig:
     # it: at 1 write in flight that doubled the messages per write. Commits that a follower
     # waits on (commands it forwarded) are announced at once.
     commit_notice_delay_s: float = 0.001
+    # Pre-vote (Raft thesis 9.6): a member whose election timeout passed first asks the others
+    # whether they would vote for it, and campaigns (raising its term) only if a majority would.
+    # A member that still hears from a leader says no, so a follower that was paused (a stalled
+    # process or machine) or cut off from the leader alone cannot depose a healthy leader.
+    pre_vote: bool = True
 
     # xr's own settings.
     # The leader proposes a tick this often, so the lease clock follows real time while the

@@ -74,6 +74,17 @@ _journal_module: Any = importlib.import_module("pysyncobj.journal")
 # SyncObj's tick, which `Replica._onTick` wraps (not in the stub).
 _sync_obj_on_tick: Callable[[Any, float], None] = getattr(SyncObj, "_onTick")  # noqa: B009
 
+# pysyncobj's raft state for a leader (its _RAFT_STATE.LEADER).
+_RAFT_STATE_LEADER = 2
+# xr's pre-vote messages (`Replica._may_campaign`); pysyncobj never sees them.
+PRE_VOTE = "xr_pre_vote"
+PRE_VOTE_RESPONSE = "xr_pre_vote_response"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 # A log entry holds at most this many commands; a group beyond it is malformed.
 GROUP_COMMANDS_MAX = 4_096
 SNAPSHOT_MAGIC = b"xr-raft-snapshot-1\n"
@@ -433,6 +444,16 @@ class Replica(SyncObj):
             if notifier is not None:
                 notifier.notify = lambda: None
         self._incoming_snapshot = _IncomingSnapshot()
+        # Pre-vote: the round in progress (the term it asks for, who said yes), the term a round
+        # won, when a leader was last heard from, and how many rounds this member started.
+        self._pre_vote_enabled = config.pre_vote
+        self._min_election_timeout_s = config.raft_min_timeout_s
+        self._pre_vote_term = 0
+        self._pre_vote_granted: set[Any] = set()
+        self._pre_vote_won_term = 0
+        self._leader_heard_s = float("-inf")
+        self._lower_term_leader_heard_s = float("-inf")
+        self.pre_vote_rounds = 0
         self._guard_append_entries()
         # Commit notices (see `_SyncObj__applyLogEntries`): when the held-back notice is due
         # (pysyncobj's monotonic clock, 0.0 if none is held back), and the log indexes of
@@ -544,6 +565,107 @@ class Replica(SyncObj):
         # After: the answers to what the poller received are sent after one sync.
         outbox.flush()
 
+    # Pre-vote (`RaftConfig.pre_vote`). pysyncobj campaigns in its tick once its election
+    # deadline has passed: it raises its term, and any member that hears the higher term, a
+    # healthy leader included, steps down. Its check is `deadline < now and
+    # __connectedToAnyone()`, and `__connectedToAnyone` is called nowhere else, so overriding it
+    # puts the gate exactly where pysyncobj is about to campaign. There a member that has not won
+    # a pre-vote round starts one instead: it asks the others whether they would vote for it in
+    # the next term and puts its deadline off by a new election timeout. The others answer
+    # without changing any state: yes if its log is at least as up to date as theirs and they
+    # have not heard from a leader within the minimum election timeout (a leader always says
+    # no). Once a majority, itself included, said yes, its deadline is set to now, and the next
+    # tick campaigns. A leadership transfer (`timeout_now`) campaigns at once, as in etcd.
+
+    # Tests turn it off to show the member stranded without it.
+    campaign_over_lower_term_leader = True
+
+    def _SyncObj__connectedToAnyone(self) -> bool:
+        connected = bool(getattr(SyncObj, "_SyncObj__connectedToAnyone")(self))  # noqa: B009
+        if not connected or not self._pre_vote_enabled:
+            return connected
+        return self._may_campaign()
+
+    def _may_campaign(self) -> bool:
+        """Whether pysyncobj, about to campaign, may; if not, a pre-vote round starts."""
+        others = getattr(self, "_SyncObj__otherNodes")  # noqa: B009 - name-mangled
+        if not others:
+            return True
+        term = self.raftCurrentTerm
+        transferring = getattr(self, "_SyncObj__transferInProgress")  # noqa: B009
+        if self._pre_vote_won_term == term + 1 or transferring:
+            return True
+        now_s = syncobj_module.monotonicTime()
+        if (
+            self.campaign_over_lower_term_leader
+            and now_s - self._lower_term_leader_heard_s < self._min_election_timeout_s
+        ):
+            # A leader of a lower term is alive: this member's term is above it (it won a
+            # round, then lost its campaign), so it ignores that leader, and the others, hearing
+            # that leader, refuse its rounds. Only a higher term can join them again: it
+            # campaigns, and the leader steps down on hearing it (as etcd answers a lower-term
+            # leader with its higher term).
+            log.info(
+                "campaigning for term %d without a pre-vote: a leader of a lower term is alive",
+                term + 1,
+            )
+            return True
+        generate_timeout = getattr(self, "_SyncObj__generateRaftTimeout")  # noqa: B009
+        setattr(self, "_SyncObj__raftElectionDeadline", now_s + generate_timeout())  # noqa: B010
+        self._pre_vote_term = term + 1
+        self._pre_vote_granted = {None}  # None: this member's own yes
+        self.pre_vote_rounds += 1
+        log.info("no leader heard within the election timeout: pre-vote for term %d", term + 1)
+        request = {
+            "type": PRE_VOTE,
+            "term": term + 1,
+            "last_log_index": getattr(self, "_SyncObj__getCurrentLogIndex")(),  # noqa: B009
+            "last_log_term": getattr(self, "_SyncObj__getCurrentLogTerm")(),  # noqa: B009
+        }
+        transport: Any = getattr(self, "_SyncObj__transport")  # noqa: B009 - name-mangled
+        for node in others:
+            transport.send(node, dict(request))
+        return False
+
+    def _on_pre_vote(self, node: Any, message: dict[str, Any]) -> None:
+        """Answers a pre-vote request; changes nothing here."""
+        fields: list[Any] = [
+            message.get(key) for key in ("term", "last_log_index", "last_log_term")
+        ]
+        if not all(_is_int(value) for value in fields):
+            return
+        term, last_index, last_term = (int(value) for value in fields)
+        own_term = getattr(self, "_SyncObj__getCurrentLogTerm")()  # noqa: B009
+        own_index = getattr(self, "_SyncObj__getCurrentLogIndex")()  # noqa: B009
+        up_to_date = last_term > own_term or (last_term == own_term and last_index >= own_index)
+        leader_heard = (
+            getattr(self, "_SyncObj__raftState") == _RAFT_STATE_LEADER  # noqa: B009
+            or syncobj_module.monotonicTime() - self._leader_heard_s < self._min_election_timeout_s
+        )
+        granted = term > self.raftCurrentTerm and up_to_date and not leader_heard
+        log.info(
+            "pre-vote for term %d from %s: %s",
+            term,
+            node,
+            "yes"
+            if granted
+            else "no (" + ("a leader is heard" if leader_heard else "log or term") + ")",
+        )
+        transport: Any = getattr(self, "_SyncObj__transport")  # noqa: B009 - name-mangled
+        transport.send(node, {"type": PRE_VOTE_RESPONSE, "term": term, "granted": granted})
+
+    def _on_pre_vote_response(self, node: Any, message: dict[str, Any]) -> None:
+        if message.get("granted") is not True or message.get("term") != self._pre_vote_term:
+            return
+        if self._pre_vote_term != self.raftCurrentTerm + 1:
+            return  # a round of an earlier term
+        self._pre_vote_granted.add(node)
+        others = getattr(self, "_SyncObj__otherNodes")  # noqa: B009 - name-mangled
+        if len(self._pre_vote_granted) > (len(others) + 1) / 2:
+            self._pre_vote_won_term = self._pre_vote_term
+            log.info("pre-vote for term %d won: campaigning", self._pre_vote_term)
+            setattr(self, "_SyncObj__raftElectionDeadline", 0.0)  # noqa: B010 - name-mangled
+
     def _guard_append_entries(self) -> None:
         """Works around two pysyncobj 0.3.17 safety bugs in how a follower handles an
         append_entries message that carries no `prevLogIdx` (a snapshot chunk, or an empty
@@ -570,6 +692,19 @@ class Replica(SyncObj):
         incoming = self._incoming_snapshot
 
         def receive_guarded(node: Any, message: Any) -> None:
+            if isinstance(message, dict):
+                kind = message.get("type")
+                if kind == PRE_VOTE:
+                    self._on_pre_vote(node, message)
+                    return
+                if kind == PRE_VOTE_RESPONSE:
+                    self._on_pre_vote_response(node, message)
+                    return
+                if kind == "append_entries" and _is_int(message.get("term")):
+                    if message["term"] >= self.raftCurrentTerm:
+                        self._leader_heard_s = syncobj_module.monotonicTime()
+                    else:
+                        self._lower_term_leader_heard_s = syncobj_module.monotonicTime()
             if (
                 isinstance(message, dict)
                 and message.get("type") == "append_entries"
