@@ -83,7 +83,8 @@ class Result:
     capacity_gpu_ms: float
     cost_dollars: float
     carbon_kg: float
-    preemptions: int
+    preemptions: int  # asked to yield or ended, for a higher priority task or to move up
+    moves: int  # of those, asked to yield to move up to a faster region
     lost_work_gpu_ms: float  # reference GPU time lost to preemption and failures
     violations: list[str]
     unfinished: list[str]
@@ -115,6 +116,8 @@ class _Task:
     attempts_run_ms: float = 0.0  # run time of all attempts, normalized by speed
     preempt_requested_ms: int | None = None  # asked to yield, not yet stopped
     avoid_region: str | None = None
+    # Moving up: the faster region it was asked to yield for, until it is placed again.
+    moving_to: str | None = None
 
     @property
     def ref(self) -> tuple[str, int]:
@@ -169,6 +172,7 @@ class _Simulation:
         self.stats: dict[str, _Stats] = {}
         self.next_token = 1
         self.pending = 0
+        self.asked: set[tuple[str, int]] = set()  # running tasks asked to yield
         self.result = Result(
             policy=name,
             completion_ms={},
@@ -181,6 +185,7 @@ class _Simulation:
             cost_dollars=0.0,
             carbon_kg=0.0,
             preemptions=0,
+            moves=0,
             lost_work_gpu_ms=0.0,
             violations=[],
             unfinished=[],
@@ -258,6 +263,7 @@ class _Simulation:
             token=task.token if task.state == "running" else None,
             avoid_region=task.avoid_region,
             preempt_requested_ms=task.preempt_requested_ms if task.state == "running" else None,
+            moving_to=task.moving_to,
         )
 
     def _commit_checkpoints(self, task: _Task) -> None:
@@ -336,6 +342,7 @@ class _Simulation:
         task.attempts_run_ms += (self.now_ms - task.run_start_ms) * region.speed
         self._release(task)
         del self.tasks[ref]
+        self.asked.discard(ref)
         job = task.job
         self.stats.setdefault(job.duration_key, _Stats()).add(int(task.attempts_run_ms))
         # Pending siblings and later jobs of this class now see the new estimate.
@@ -364,6 +371,7 @@ class _Simulation:
             )
         task.avoid_region = task.region if avoid else None
         task.preempt_requested_ms = None
+        self.asked.discard(task.ref)
         self._release(task)
         task.state, task.region, task.token = "pending", None, None
         self.pending += 1
@@ -423,7 +431,11 @@ class _Simulation:
                 # Asked to yield: the executor checkpoints and stops after `yield_ms` (or never,
                 # and the policy ends it after its grace).
                 self.result.preemptions += 1
+                if preempt.moving_to is not None:
+                    self.result.moves += 1
                 task.preempt_requested_ms = self.now_ms
+                task.moving_to = preempt.moving_to
+                self.asked.add(task.ref)
                 if self.settings.yield_ms is not None:
                     at_ms = self.now_ms + self.settings.yield_ms
                     self._push(at_ms, "yield", (task.ref, task.token))
@@ -463,6 +475,7 @@ class _Simulation:
                 self.settings.policy,
             )
         task.state, task.region, task.grant = "assigned", region, grant
+        task.moving_to = None
         task.token = self.next_token
         self.next_token += 1
         task.assigned_ms = self.now_ms
@@ -491,7 +504,11 @@ class _Simulation:
         while self.events or (self.pending and self.left):
             next_event_ms = self.events[0][0] if self.events else None
             next_tick_ms = (self.now_ms // tick_ms + 1) * tick_ms
-            if self.pending and (next_event_ms is None or next_tick_ms < next_event_ms):
+            # Ticks while tasks wait, or while asked tasks have not yielded (the policy ends
+            # them after its grace).
+            ticking = self.pending or self.asked
+            freed = False
+            if ticking and (next_event_ms is None or next_tick_ms < next_event_ms):
                 if next_event_ms is None and not self._could_progress():
                     break
                 self._advance(next_tick_ms)
@@ -500,8 +517,11 @@ class _Simulation:
                 self._advance(next_event_ms)
                 while self.events and self.events[0][0] == next_event_ms:
                     _, _, kind, payload = heapq.heappop(self.events)
+                    freed = freed or kind in ("finish", "recover")
                     self._handle(kind, payload)
-            if self.pending:
+            # As the running cluster passes every poll interval, a pass also follows room freed
+            # with nothing waiting: the policy may move running tasks up into it.
+            if self.pending or self.asked or freed:
                 self._pass()
             if self.result.passes >= self.settings.passes_max:
                 break
