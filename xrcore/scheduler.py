@@ -455,7 +455,7 @@ def _rooms(cluster: Cluster) -> dict[str, _Room]:
         # yield until it is placed there. It is not among the holders: no reservation counts on
         # it ending, and no preemption takes it.
         target = task.moving_to
-        if _moving(task) and target in rooms and target != task.region:
+        if target is not None and target in rooms and target != task.region and _moving(task):
             rooms[target].take(task)
     for room in rooms.values():
         room.holders.sort(key=lambda item: (item[0], item[1].ref))
