@@ -3,15 +3,17 @@
 The simulator stands in for the running cluster around `xrcore.scheduler.schedule` (or any
 function of the same type, such as the baselines in `bench/scheduler.py`):
 - **Time** is a heap of events (job arrivals, transfers done, tasks done, region failures and
-  recoveries). The policy is called after every batch of events at one instant, and at least once
-  a simulated minute while any task is pending, with the same `Cluster` view the running cluster
-  builds (`xrcore.placement`): running tasks hold their room, each with its attempt's start, its
-  last checkpoint and its fencing token.
+  recoveries). The policy is called after every batch of events at one instant that leaves a task
+  pending, a task asked to yield, or room freed by a task's end or a region's recovery, and at
+  least once a simulated minute while any task is pending or asked to yield, with the same
+  `Cluster` view the running cluster builds (`xrcore.placement`): running tasks hold their room,
+  each with its attempt's start, its last checkpoint and its fencing token.
 - **Decisions** are applied as the cluster would: an assignment holds the devices at once (the
   simulator's own ledger per region, `xrcore.devices`, like each region's executor) and starts
   running once the input data and the latest checkpoint have moved (`transfer_ms`); a preemption
-  stops the attempt (matching token only) and puts the task back to pending; a take-back returns
-  an assigned task to pending. A decision that does not fit the simulator's ledger, or breaks a
+  stops the attempt (matching token only) and puts the task back to pending (one that moves up
+  keeps its `moving_to` in the view until it is assigned again); a take-back returns an assigned
+  task to pending. A decision that does not fit the simulator's ledger, or breaks a
   tenant's quota, is refused and counted as a violation, which the tests require to be zero.
 - **Run time** is the task's true work (which the policy never sees) divided by the region's
   speed. The policy sees estimates learned from completed tasks of the same tenant and entrypoint,

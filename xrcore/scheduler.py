@@ -636,9 +636,6 @@ def _earliest_fit(task: TaskInfo, room: _Room, now_ms: int) -> float | None:
     return None
 
 
-_OVERRUN_FACTOR = 1.0
-
-
 @dataclass
 class _Move:
     task: TaskInfo
@@ -969,7 +966,7 @@ class _Pass:
         assert task.started_ms is not None
         done_ms = max(self.now_ms - task.started_ms, 0) * speed
         rest_ms = task.estimate_ms - done_ms
-        return rest_ms if rest_ms > 0 else done_ms * _OVERRUN_FACTOR
+        return rest_ms if rest_ms > 0 else done_ms
 
     def _move(self, task: TaskInfo, here: _Room, room: _Room, rest_ms: float) -> _Move | None:
         """The saving of moving running `task` from `here` to `room`, if it passes the
