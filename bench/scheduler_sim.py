@@ -3,15 +3,17 @@
 The simulator stands in for the running cluster around `xrcore.scheduler.schedule` (or any
 function of the same type, such as the baselines in `bench/scheduler.py`):
 - **Time** is a heap of events (job arrivals, transfers done, tasks done, region failures and
-  recoveries). The policy is called after every batch of events at one instant, and at least once
-  a simulated minute while any task is pending, with the same `Cluster` view the running cluster
-  builds (`xrcore.placement`): running tasks hold their room, each with its attempt's start, its
-  last checkpoint and its fencing token.
+  recoveries). The policy is called after every batch of events at one instant that leaves a task
+  pending, a task asked to yield, or room freed by a task's end or a region's recovery, and at
+  least once a simulated minute while any task is pending or asked to yield, with the same
+  `Cluster` view the running cluster builds (`xrcore.placement`): running tasks hold their room,
+  each with its attempt's start, its last checkpoint and its fencing token.
 - **Decisions** are applied as the cluster would: an assignment holds the devices at once (the
   simulator's own ledger per region, `xrcore.devices`, like each region's executor) and starts
   running once the input data and the latest checkpoint have moved (`transfer_ms`); a preemption
-  stops the attempt (matching token only) and puts the task back to pending; a take-back returns
-  an assigned task to pending. A decision that does not fit the simulator's ledger, or breaks a
+  stops the attempt (matching token only) and puts the task back to pending (one that moves up
+  keeps its `moving_to` in the view until it is assigned again); a take-back returns an assigned
+  task to pending. A decision that does not fit the simulator's ledger, or breaks a
   tenant's quota, is refused and counted as a violation, which the tests require to be zero.
 - **Run time** is the task's true work (which the policy never sees) divided by the region's
   speed. The policy sees estimates learned from completed tasks of the same tenant and entrypoint,
@@ -83,7 +85,8 @@ class Result:
     capacity_gpu_ms: float
     cost_dollars: float
     carbon_kg: float
-    preemptions: int
+    preemptions: int  # asked to yield or ended, for a higher priority task or to move up
+    moves: int  # of those, asked to yield to move up to a faster region
     lost_work_gpu_ms: float  # reference GPU time lost to preemption and failures
     violations: list[str]
     unfinished: list[str]
@@ -115,6 +118,8 @@ class _Task:
     attempts_run_ms: float = 0.0  # run time of all attempts, normalized by speed
     preempt_requested_ms: int | None = None  # asked to yield, not yet stopped
     avoid_region: str | None = None
+    # Moving up: the faster region it was asked to yield for, until it is placed again.
+    moving_to: str | None = None
 
     @property
     def ref(self) -> tuple[str, int]:
@@ -169,6 +174,7 @@ class _Simulation:
         self.stats: dict[str, _Stats] = {}
         self.next_token = 1
         self.pending = 0
+        self.asked: set[tuple[str, int]] = set()  # running tasks asked to yield
         self.result = Result(
             policy=name,
             completion_ms={},
@@ -181,6 +187,7 @@ class _Simulation:
             cost_dollars=0.0,
             carbon_kg=0.0,
             preemptions=0,
+            moves=0,
             lost_work_gpu_ms=0.0,
             violations=[],
             unfinished=[],
@@ -258,6 +265,7 @@ class _Simulation:
             token=task.token if task.state == "running" else None,
             avoid_region=task.avoid_region,
             preempt_requested_ms=task.preempt_requested_ms if task.state == "running" else None,
+            moving_to=task.moving_to,
         )
 
     def _commit_checkpoints(self, task: _Task) -> None:
@@ -336,6 +344,7 @@ class _Simulation:
         task.attempts_run_ms += (self.now_ms - task.run_start_ms) * region.speed
         self._release(task)
         del self.tasks[ref]
+        self.asked.discard(ref)
         job = task.job
         self.stats.setdefault(job.duration_key, _Stats()).add(int(task.attempts_run_ms))
         # Pending siblings and later jobs of this class now see the new estimate.
@@ -364,6 +373,7 @@ class _Simulation:
             )
         task.avoid_region = task.region if avoid else None
         task.preempt_requested_ms = None
+        self.asked.discard(task.ref)
         self._release(task)
         task.state, task.region, task.token = "pending", None, None
         self.pending += 1
@@ -423,7 +433,11 @@ class _Simulation:
                 # Asked to yield: the executor checkpoints and stops after `yield_ms` (or never,
                 # and the policy ends it after its grace).
                 self.result.preemptions += 1
+                if preempt.moving_to is not None:
+                    self.result.moves += 1
                 task.preempt_requested_ms = self.now_ms
+                task.moving_to = preempt.moving_to
+                self.asked.add(task.ref)
                 if self.settings.yield_ms is not None:
                     at_ms = self.now_ms + self.settings.yield_ms
                     self._push(at_ms, "yield", (task.ref, task.token))
@@ -463,6 +477,7 @@ class _Simulation:
                 self.settings.policy,
             )
         task.state, task.region, task.grant = "assigned", region, grant
+        task.moving_to = None
         task.token = self.next_token
         self.next_token += 1
         task.assigned_ms = self.now_ms
@@ -491,7 +506,11 @@ class _Simulation:
         while self.events or (self.pending and self.left):
             next_event_ms = self.events[0][0] if self.events else None
             next_tick_ms = (self.now_ms // tick_ms + 1) * tick_ms
-            if self.pending and (next_event_ms is None or next_tick_ms < next_event_ms):
+            # Ticks while tasks wait, or while asked tasks have not yielded (the policy ends
+            # them after its grace).
+            ticking = self.pending or self.asked
+            freed = False
+            if ticking and (next_event_ms is None or next_tick_ms < next_event_ms):
                 if next_event_ms is None and not self._could_progress():
                     break
                 self._advance(next_tick_ms)
@@ -500,8 +519,11 @@ class _Simulation:
                 self._advance(next_event_ms)
                 while self.events and self.events[0][0] == next_event_ms:
                     _, _, kind, payload = heapq.heappop(self.events)
+                    freed = freed or kind in ("finish", "recover")
                     self._handle(kind, payload)
-            if self.pending:
+            # As the running cluster passes every poll interval, a pass also follows room freed
+            # with nothing waiting: the policy may move running tasks up into it.
+            if self.pending or self.asked or freed:
                 self._pass()
             if self.result.passes >= self.settings.passes_max:
                 break

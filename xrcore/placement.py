@@ -15,6 +15,9 @@ computed from, and the state machine refuses it if anything scheduling reads has
   checkpoint's region and size, and the input's, are what placing elsewhere has to move;
 - run-time estimates from `machine.durations` (per tenant and entrypoint), or the policy's
   conservative default.
+Moving running tasks up to faster regions (`SchedulerSettings.move_ups_max`) is off here: the
+replicated state does not yet record the region a mover is bound for, which the policy needs to
+hold its room there.
 Waiting reasons are sent only when they changed, so a stable queue writes nothing to the log.
 """
 
@@ -181,6 +184,11 @@ def place(machine: StateMachine, settings: PlacementSettings | None = None) -> S
         settings.policy,
         decisions_max=decisions_max,
         reasons_max=SCHEDULE_DECISIONS_MAX - decisions_max,
+        # Moving up needs the room in the faster region held for the mover until it is placed
+        # there (`TaskInfo.moving_to`); the replicated state does not record that target yet
+        # (`Preemption` and `Attempt` would carry it: a change of the wire format), and without
+        # the hold a mover can land on a slow region again and move over and over. Off here.
+        move_ups_max=0,
     )
     decisions = schedule(cluster_view(machine, settings), policy)
     waiting = []

@@ -33,6 +33,15 @@ One pass, in order:
    goes back to pending without counting a failure. While victims are leaving, the task waits
    for them rather than preempting more (no storms); a victim that has not yielded after
    `preemption_grace_ms` is ended at once and resumes from its last committed checkpoint.
+6. **Moving up.** After placing, a running task is asked to yield (a preemption with `moving_to`)
+   when a faster region it may use has room the pass left unused and moving there (the input and
+   the checkpoint, then the estimated rest of its run at that speed) saves at least
+   `move_up_saving_min_ms` and `move_up_saving_fraction` of its estimated rest where it runs,
+   at no higher price and carbon at its tenant's weights; largest saving first, only after
+   `move_up_min_run_ms` in its attempt, and at most `move_ups_max` tasks moving at once. The room
+   is held for the mover (`TaskInfo.moving_to`, in the view while it yields and while it waits)
+   and it is placed there before any other task. Each move goes to a strictly faster region, so
+   no task moves back and forth.
 Every assignment and every waiting task carries a reason in words.
 
 Duration estimates (`DurationStats`) come from completed tasks per tenant and entrypoint, with a
@@ -43,7 +52,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from xrcore._clocktext import utc_text
 from xrcore.devices import DeviceLedger, Grant
@@ -97,6 +106,16 @@ class SchedulerSettings:
     tcp_window_mib: float = 16.0
     link_mbps: float = 10_000.0
     unknown_rtt_ms: float = 100.0
+    # Moving up: after placing, a running task is asked to yield and move to a faster region
+    # whose room this pass left unused, when moving (data, then the estimated rest of its run
+    # there) saves at least `move_up_saving_min_ms` and `move_up_saving_fraction` of its
+    # estimated rest where it runs, and costs no more at the tenant's price and carbon weights.
+    # The room there is held for it until it is placed there. At most `move_ups_max` tasks move
+    # at once (0: never), each only after `move_up_min_run_ms` in its attempt.
+    move_ups_max: int = 4
+    move_up_min_run_ms: int = 600_000
+    move_up_saving_min_ms: int = 3_600_000
+    move_up_saving_fraction: float = 0.3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +169,9 @@ class TaskInfo:
     waiting: str = ""
     # The region whose lease on this task just expired: avoided while another region fits.
     avoid_region: str | None = None
+    # Moving up: the faster region a running task was asked to yield for, or a pending task
+    # yielded for. Its room there is held for it until it is placed there.
+    moving_to: str | None = None
 
     @property
     def ref(self) -> tuple[str, int]:
@@ -211,6 +233,8 @@ class Preempt:
     region: str
     reason: str
     force: bool = False
+    # Moving up: the faster region whose room is held for the task once it has yielded.
+    moving_to: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -426,9 +450,25 @@ def _rooms(cluster: Cluster) -> dict[str, _Room]:
         started = task.started_ms if task.started_ms is not None else cluster.now_ms
         end = started + task.estimate_ms / max(room.region.speed, 1e-6)
         room.holders.append((max(end, float(cluster.now_ms)), task))
+    for task in cluster.tasks:
+        # Moving up: the room a mover will take is held for it from the pass that asked it to
+        # yield until it is placed there. It is not among the holders: no reservation counts on
+        # it ending, and no preemption takes it.
+        target = task.moving_to
+        if target is not None and target in rooms and target != task.region and _moving(task):
+            rooms[target].take(task)
     for room in rooms.values():
         room.holders.sort(key=lambda item: (item[0], item[1].ref))
     return rooms
+
+
+def _moving(task: TaskInfo) -> bool:
+    """Whether `task` is moving up: asked to yield for a faster region, or yielded for one."""
+    if task.moving_to is None:
+        return False
+    if task.state == "running":
+        return task.preempt_requested_ms is not None
+    return task.state == "pending"
 
 
 # Tenants and fair share.
@@ -511,6 +551,27 @@ class _Option:
         )
 
 
+def _price_ms(
+    region: RegionInfo,
+    devices: float,
+    run_ms: float,
+    tenant: TenantInfo,
+    settings: SchedulerSettings,
+) -> float:
+    """Price and carbon of `devices` for `run_ms` in `region`, as time at the tenant's weights."""
+    if not devices:
+        return 0.0
+    device_hours = devices * run_ms / 3_600_000
+    return device_hours * (
+        tenant.cost_weight * region.price_per_gpu_hour * settings.ms_per_dollar
+        + tenant.carbon_weight
+        * region.carbon_g_per_kwh
+        * settings.gpu_power_kw
+        / 1000
+        * settings.ms_per_kg_carbon
+    )
+
+
 def _score(
     task: TaskInfo,
     room: _Room,
@@ -531,17 +592,7 @@ def _score(
     run_ms = task.estimate_ms / max(region.speed, 1e-6)
     finish_ms = moving_ms + run_ms
     devices = _billed_devices(task, region)
-    score = finish_ms
-    if devices:
-        device_hours = devices * run_ms / 3_600_000
-        score += device_hours * (
-            tenant.cost_weight * region.price_per_gpu_hour * settings.ms_per_dollar
-            + tenant.carbon_weight
-            * region.carbon_g_per_kwh
-            * settings.gpu_power_kw
-            / 1000
-            * settings.ms_per_kg_carbon
-        )
+    score = finish_ms + _price_ms(region, devices, run_ms, tenant, settings)
     if _uses_gpu(task, region):
         free_after = room.free_gpus - task.gpus
         score += settings.best_fit_ms * free_after / len(region.gpus)
@@ -583,6 +634,15 @@ def _earliest_fit(task: TaskInfo, room: _Room, now_ms: int) -> float | None:
         if trial.fits(task):
             return end
     return None
+
+
+@dataclass
+class _Move:
+    task: TaskInfo
+    option: _Option  # in the faster region, for the estimated rest of the run
+    saving_ms: float
+    rest_here_ms: float
+    here_speed: float
 
 
 def _order(pending: list[TaskInfo]) -> list[list[tuple[str, list[TaskInfo]]]]:
@@ -650,7 +710,7 @@ class _Pass:
                         force=True,
                     )
                 )
-        pending = []
+        pending, movers = [], []
         for task in self.cluster.tasks:
             if task.state != "pending":
                 continue
@@ -658,10 +718,17 @@ class _Pass:
                 self.wait(task, task.waiting or "backing off after a failure")
                 continue
             pending.append(task)
+            if task.moving_to is not None:
+                movers.append(task)
+        if movers:
+            movers.sort(key=lambda task: (-task.priority, task.submitted_ms, task.ref))
+            placed = self._place_movers(movers)
+            pending = [task for task in pending if task.ref not in placed]
         for tenants in _order(pending):
             self._place_class(tenants)
             if self.full():
                 break
+        self._move_up()
         return self.decisions
 
     def _place_class(self, tenants: list[tuple[str, list[TaskInfo]]]) -> None:
@@ -721,25 +788,16 @@ class _Pass:
         for option in options:
             if self._backfill_conflict(task, option):
                 continue
-            option.room.take(task)
-            end = self.now_ms + option.finish_ms
-            option.room.holders.append((end, task))
-            option.room.holders.sort(key=lambda item: (item[0], item[1].ref))
-            if option.room.held_for == task.ref:
-                option.room.held_for = None
             others = [other for other in options if other is not option]
             runner_up = (
                 f"; next best {others[0].room.region.name} ({others[0].explain(self.settings)})"
                 if others
                 else ""
             )
-            self.decisions.assigns.append(
-                Assign(
-                    job_id=task.job_id,
-                    task_index=task.task_index,
-                    region=option.room.region.name,
-                    reason=f"{option.room.region.name}: {option.explain(self.settings)}{runner_up}",
-                )
+            self._assign(
+                task,
+                option,
+                f"{option.room.region.name}: {option.explain(self.settings)}{runner_up}",
             )
             return True
         if options:
@@ -764,6 +822,180 @@ class _Pass:
         self.no_room[shape] = f"no room now in {names}"
         self.wait(task, self.no_room[shape])
         return False
+
+    def _assign(self, task: TaskInfo, option: _Option, reason: str) -> None:
+        option.room.take(task)
+        end = self.now_ms + option.finish_ms
+        option.room.holders.append((end, task))
+        option.room.holders.sort(key=lambda item: (item[0], item[1].ref))
+        if option.room.held_for == task.ref:
+            option.room.held_for = None
+        self.decisions.assigns.append(
+            Assign(
+                job_id=task.job_id,
+                task_index=task.task_index,
+                region=option.room.region.name,
+                reason=reason,
+            )
+        )
+
+    def _place_movers(self, movers: list[TaskInfo]) -> set[tuple[str, int]]:
+        """Places tasks that yielded to move up in the room held for them, before any other
+        task; one that no longer fits there (the region shrank, or its tenant's quota did) is
+        placed like any other."""
+        placed: set[tuple[str, int]] = set()
+        for task in movers:
+            if self.full():
+                break
+            room = self.rooms.get(task.moving_to or "")
+            if room is None or not task.allows(room.region.name):
+                continue
+            room.release(task)  # The hold, taken when the rooms were counted.
+            if self.share.over_quota(task) is not None or not room.fits(task):
+                continue
+            option = _score(task, room, self.regions, self.share.tenant(task.tenant), self.settings)
+            self._assign(
+                task,
+                option,
+                f"{room.region.name}: moved up to a faster region, room held for it since it was "
+                f"asked to yield; {option.explain(self.settings)}",
+            )
+            self.share.add(task)
+            placed.add(task.ref)
+        return placed
+
+    def _move_up(self) -> None:
+        """Asks running tasks to yield and move to a faster region whose room this pass left
+        unused, largest saving first, and holds that room for them."""
+        settings = self.settings
+        if settings.move_ups_max <= 0 or self.full():
+            return
+        open_rooms = [
+            room
+            for room in self.rooms.values()
+            if room.held_for is None and (room.free_gpus > 0 or room.free_slots > 0)
+        ]
+        if not open_rooms:
+            return
+        budget = settings.move_ups_max - sum(1 for task in self.cluster.tasks if _moving(task))
+        if budget <= 0:
+            return
+        fastest = max(room.region.speed for room in open_rooms)
+        # Largest saving first, found lazily: each task enters with an upper bound of its saving
+        # (the fastest open region, no data to move) and is weighed region by region only when
+        # that bound comes first, so a pass with many running tasks weighs only the best few.
+        # At equal keys a bound comes before a weighed move (kind 0 before 1).
+        heap: list[tuple[float, int, tuple[str, int], str, int]] = []
+        entries: list[tuple[TaskInfo, _Room, float] | _Move] = []
+        for task in self.cluster.tasks:
+            if (
+                task.state != "running"
+                or task.preempt_requested_ms is not None
+                or task.token is None
+                or task.started_ms is None
+                or task.ref in self.preempted
+                or self.now_ms - task.started_ms < settings.move_up_min_run_ms
+            ):
+                continue
+            here = self.rooms.get(task.region or "")
+            if here is None or here.region.speed >= fastest:
+                continue
+            here_speed = max(here.region.speed, 1e-6)
+            rest_ms = self._rest_ms(task, here_speed)
+            rest_here_ms = rest_ms / here_speed
+            # Even with no data to move, the fastest open region must save enough.
+            best_ms = rest_here_ms - rest_ms / fastest
+            if best_ms < settings.move_up_saving_min_ms or best_ms < (
+                settings.move_up_saving_fraction * rest_here_ms
+            ):
+                continue
+            entries.append((task, here, rest_ms))
+            heap.append((-(best_ms + 1.0), 0, task.ref, "", len(entries) - 1))
+        heapq.heapify(heap)
+        moved: set[tuple[str, int]] = set()
+        while heap and budget > 0 and not self.full():
+            index = heapq.heappop(heap)[-1]
+            entry = entries[index]
+            if not isinstance(entry, _Move):
+                task, here, rest_ms = entry
+                for room in open_rooms:
+                    if room.region.speed <= here.region.speed or not task.allows(room.region.name):
+                        continue
+                    if task.regions_prefer and room.region.name not in task.regions_prefer:
+                        continue
+                    if _uses_gpu(task, room.region) and task.gpus > room.free_gpus:
+                        continue
+                    move = self._move(task, here, room, rest_ms)
+                    if move is not None:
+                        entries.append(move)
+                        name = room.region.name
+                        heapq.heappush(heap, (-move.saving_ms, 1, task.ref, name, len(entries) - 1))
+                continue
+            move = entry
+            task, room = move.task, move.option.room
+            if task.ref in moved or room.held_for is not None or not room.fits(task):
+                continue
+            if self._backfill_conflict(task, move.option):
+                continue
+            assert task.token is not None and task.region is not None
+            room.take(task)  # Held for it until it is placed there.
+            moved.add(task.ref)
+            self.preempted.add(task.ref)
+            budget -= 1
+            self.decisions.preempts.append(
+                Preempt(
+                    job_id=task.job_id,
+                    task_index=task.task_index,
+                    token=task.token,
+                    region=task.region,
+                    moving_to=room.region.name,
+                    reason=(
+                        f"moving to faster region {room.region.name} (speed "
+                        f"{room.region.speed:g} over {move.here_speed:g}): est. "
+                        f"{_minutes(move.rest_here_ms)} left here, "
+                        f"{_minutes(move.option.finish_ms)} there with the data; checkpoints, "
+                        f"stops and resumes there (room held)"
+                    ),
+                )
+            )
+
+    def _rest_ms(self, task: TaskInfo, speed: float) -> float:
+        """The estimated rest of a running task's work, at speed 1.0. This attempt's work is all
+        the view shows done; a task past its estimate is expected to run about as long again as
+        this attempt has (run times are heavy-tailed)."""
+        assert task.started_ms is not None
+        done_ms = max(self.now_ms - task.started_ms, 0) * speed
+        rest_ms = task.estimate_ms - done_ms
+        return rest_ms if rest_ms > 0 else done_ms
+
+    def _move(self, task: TaskInfo, here: _Room, room: _Room, rest_ms: float) -> _Move | None:
+        """The saving of moving running `task` from `here` to `room`, if it passes the
+        thresholds."""
+        settings = self.settings
+        rest_here_ms = rest_ms / max(here.region.speed, 1e-6)
+        # What moving costs: the checkpoint from here, and the input from where it lives.
+        moved = replace(task, checkpoint_region=here.region.name, estimate_ms=int(rest_ms))
+        tenant = self.share.tenant(task.tenant)
+        option = _score(moved, room, self.regions, tenant, settings)
+        saving_ms = rest_here_ms - option.finish_ms
+        if saving_ms < settings.move_up_saving_min_ms:
+            return None
+        if saving_ms < settings.move_up_saving_fraction * rest_here_ms:
+            return None
+        devices = _billed_devices(task, here.region)
+        stay_ms = rest_here_ms + _price_ms(here.region, devices, rest_here_ms, tenant, settings)
+        go_ms = option.finish_ms + _price_ms(
+            room.region, option.devices, option.run_ms, tenant, settings
+        )
+        if go_ms >= stay_ms:
+            return None
+        return _Move(
+            task=task,
+            option=option,
+            saving_ms=saving_ms,
+            rest_here_ms=rest_here_ms,
+            here_speed=here.region.speed,
+        )
 
     def _backfill_conflict(self, task: TaskInfo, option: _Option) -> bool:
         """Whether placing `task` there would delay the head's reservation."""

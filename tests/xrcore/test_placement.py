@@ -22,7 +22,7 @@ from xrcore.commands import (
 )
 from xrcore.errors import StaleSchedule
 from xrcore.placement import PlacementSettings, cluster_view, place
-from xrcore.scheduler import SchedulerSettings
+from xrcore.scheduler import SchedulerSettings, schedule
 
 
 def _region(
@@ -343,3 +343,34 @@ def test_regions_without_gpus_are_chosen_by_price_and_carbon_too() -> None:
         driver.ok(RegionHeartbeat(name=name))
     job_id = _submit(driver, "cpu-task")
     assert _apply_all(driver) == [(job_id, 0, "b-cheap")]
+
+
+def test_running_tasks_are_not_moved_up_until_the_state_records_where_they_go() -> None:
+    driver = Driver()
+    _region(driver, "a", slots=1)
+    driver.ok(
+        RegionRegister(
+            name="b", http_address="h:1", raft_address="b:1", cpu_slots=1, labels={"speed": "2"}
+        )
+    )
+    driver.ok(RegionHeartbeat(name="b"))
+    first = _submit(driver, "first")
+    second = _submit(driver, "second")
+    assert sorted(region for _, _, region in _apply_all(driver)) == ["a", "b"]
+    where = {job_id: driver.machine.jobs[job_id].tasks[0].region for job_id in (first, second)}
+    slow = first if where[first] == "a" else second
+    fast = second if slow == first else first
+    token = _running(driver, slow, "a")
+    _running(driver, fast, "b")
+    driver.ok(JobCancel(job_id=fast))  # b is free again; no run time is learned
+    for _ in range(15):
+        driver.ok(Tick(), advance_ms=60_000)
+        driver.ok(RegionHeartbeat(name="a"))
+        driver.ok(RegionHeartbeat(name="b"))
+        driver.ok(TaskHeartbeat(job_id=slow, task_index=0, token=token))
+    settings = PlacementSettings(policy=SchedulerSettings(default_estimate_ms=20 * 3_600_000))
+    # The policy alone would move it to b, which is free and twice as fast ...
+    moves = schedule(cluster_view(driver.machine, settings), settings.policy).preempts
+    assert [(item.job_id, item.moving_to) for item in moves] == [(slow, "b")]
+    # ... but the running cluster could not hold b for it, so it does not ask.
+    assert place(driver.machine, settings) is None

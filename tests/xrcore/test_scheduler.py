@@ -439,6 +439,106 @@ def test_preemption__in_a_mixed_region_the_victim_frees_the_right_model() -> Non
     assert [item.job_id for item in run([mixed], tasks).preempts] == ["a100-low"]
 
 
+# Moving up.
+
+
+def _move_up_case(
+    estimate_ms: int, *, fast_speed: float = 2.0
+) -> tuple[list[RegionInfo], list[TaskInfo]]:
+    """`long` has run an hour in slow region a; fast region b has a free GPU."""
+    regions = [region("a", 1), region("b", 1, speed=fast_speed)]
+    tasks = [running("long", "a", token=7, started_ms=NOW_MS - HOUR_MS, estimate_ms=estimate_ms)]
+    return regions, tasks
+
+
+def test_move_up__a_long_task_moves_to_a_faster_region_with_free_room() -> None:
+    regions, tasks = _move_up_case(10 * HOUR_MS)
+    decisions = run(regions, tasks)
+    # 9 hours left in a, 4.5 in b: asked to yield (not ended), with the room in b named.
+    [move] = decisions.preempts
+    assert (move.job_id, move.token, move.region, move.moving_to) == ("long", 7, "a", "b")
+    assert not move.force
+    assert "moving to faster region b" in move.reason
+    assert run(regions, tasks, settings=SchedulerSettings(move_ups_max=0)).preempts == []
+
+
+def test_move_up__only_when_the_saving_passes_both_thresholds() -> None:
+    moves = [
+        run(*_move_up_case(estimate_ms, fast_speed=speed)).preempts
+        for estimate_ms, speed in (
+            (10 * HOUR_MS, 2.0),  # saves 4.5 h of 9 (50%): moves
+            (2 * HOUR_MS, 2.0),  # saves 30 min of 1 h: under `move_up_saving_min_ms`
+            (10 * HOUR_MS, 1.2),  # saves 1.5 h of 9 (17%): under `move_up_saving_fraction`
+        )
+    ]
+    assert [len(item) for item in moves] == [1, 0, 0]
+
+
+def test_move_up__only_after_the_minimum_run_time_and_never_to_a_slower_region() -> None:
+    regions, tasks = _move_up_case(10 * HOUR_MS)
+    assert len(run(regions, tasks).preempts) == 1
+    fresh = [replace(tasks[0], started_ms=NOW_MS - 5 * MINUTE_MS)]
+    assert run(regions, fresh).preempts == []
+    # From the fast region, a free GPU in the slow one is no move.
+    assert run(regions, [replace(tasks[0], region="b")]).preempts == []
+
+
+def test_move_up__pending_tasks_come_first() -> None:
+    regions, tasks = _move_up_case(10 * HOUR_MS)
+    # A pending task takes b's one GPU in the pass: nothing is left to move into.
+    decisions = run(regions, [*tasks, task("waiting")])
+    assert placed(decisions) == {"waiting[0]": "b"} and decisions.preempts == []
+    # With two, long moves into the one the pending task left.
+    regions[1] = region("b", 2, speed=2.0)
+    decisions = run(regions, [*tasks, task("waiting")])
+    assert placed(decisions) == {"waiting[0]": "b"}
+    assert [item.moving_to for item in decisions.preempts] == ["b"]
+
+
+def test_move_up__the_room_is_held_until_the_mover_is_placed_there() -> None:
+    regions, tasks = _move_up_case(10 * HOUR_MS)
+    [move] = run(regions, tasks).preempts
+    assert move.moving_to == "b"
+    # The next pass, while `long` checkpoints: a new task, even of higher priority, does not
+    # take b.
+    yielding = replace(tasks[0], preempt_requested_ms=NOW_MS, moving_to="b")
+    newcomer = task("newcomer", priority=1, submitted_ms=NOW_MS)
+    decisions = run(regions, [yielding, newcomer])
+    assert placed(decisions) == {} and decisions.preempts == []
+    # It yielded: it is placed in b before the newcomer, which now fits a.
+    moved = replace(
+        yielding,
+        state="pending",
+        region=None,
+        token=None,
+        started_ms=None,
+        preempt_requested_ms=None,
+        checkpoint_region="a",
+        checkpoint_size_mb=2_000,
+    )
+    decisions = run(regions, [newcomer, moved])
+    assert placed(decisions) == {"long[0]": "b", "newcomer[0]": "a"}
+    assert "moved up" in decisions.assigns[0].reason
+    # Without the hold, the newcomer (first in order) would have taken b.
+    unheld = replace(moved, moving_to=None)
+    assert placed(run(regions, [newcomer, unheld]))["newcomer[0]"] == "b"
+
+
+def test_move_up__at_most_move_ups_max_tasks_moving_at_once() -> None:
+    regions = [region("a", 8), region("b", 8, speed=2.0)]
+    tasks = [
+        running(f"long{n}", "a", token=n + 1, started_ms=NOW_MS - HOUR_MS, estimate_ms=10 * HOUR_MS)
+        for n in range(6)
+    ]
+    assert len(run(regions, tasks).preempts) == 4
+    # Two already moving: two more.
+    tasks[0] = replace(tasks[0], preempt_requested_ms=NOW_MS, moving_to="b")
+    tasks[1] = replace(tasks[1], preempt_requested_ms=NOW_MS, moving_to="b")
+    decisions = run(regions, tasks)
+    assert len(decisions.preempts) == 2
+    assert {item.job_id for item in decisions.preempts}.isdisjoint({"long0", "long1"})
+
+
 # Reasons.
 
 
@@ -643,3 +743,29 @@ def test_scenario__failure_of_a_region__its_tasks_resume_elsewhere_from_checkpoi
     for completion_ms in result.completion_ms.values():
         assert 3 * HOUR_MS + 10 * MINUTE_MS <= completion_ms <= 3 * HOUR_MS + 12 * MINUTE_MS
     assert result.lost_work_gpu_ms == pytest.approx(2 * 2 * 10 * MINUTE_MS)
+
+
+def test_scenario__move_up__a_long_job_moves_to_the_faster_region_when_it_frees() -> None:
+    trace = _trace(
+        [region("a", 1), region("b", 1, speed=2.0)],
+        [
+            _job("short", work_ms=(HOUR_MS,)),  # b, done after 30 min
+            _job("long", submitted_ms=1, work_ms=(20 * HOUR_MS,)),  # a: b is taken
+            # Arrives while long checkpoints to move: must not take the room held for it.
+            _job("newcomer", submitted_ms=30 * MINUTE_MS + 10_000, work_ms=(HOUR_MS,)),
+        ],
+    )
+    # Estimates of 20 hours (no run has completed yet to teach them).
+    settings = SimSettings(policy=SchedulerSettings(default_estimate_ms=20 * HOUR_MS))
+    result = simulate(trace, schedule, name="xr", settings=settings)
+    assert result.violations == [] and result.unfinished == []
+    assert result.moves == 1 and result.lost_work_gpu_ms == 0
+    # long runs 30 min in a, yields 30 s later, and does the other 19.5 h of work in b.
+    assert result.last_region == {"short": "b", "long": "b", "newcomer": "a"}
+    assert result.completion_ms["long"] == pytest.approx(
+        30 * MINUTE_MS + 30_000 + 9.75 * HOUR_MS, abs=MINUTE_MS
+    )
+    # Staying in a: 20 hours.
+    still = SimSettings(policy=SchedulerSettings(default_estimate_ms=20 * HOUR_MS, move_ups_max=0))
+    stayed = simulate(trace, schedule, name="xr", settings=still)
+    assert stayed.last_region["long"] == "a" and stayed.completion_ms["long"] >= 20 * HOUR_MS
