@@ -376,18 +376,23 @@ class Preemption(WireStruct, frozen=True):
     """A running attempt that must make way for a higher-priority task. First it is asked to
     yield (its executor checkpoints and stops it, then sends `TaskYield`); with `force`, after
     the grace period, it is ended at once. Either way the task is requeued without counting a
-    failure and resumes from its last committed checkpoint."""
+    failure and resumes from its last committed checkpoint. `moving_to`: the task makes way for
+    itself, to move up to that faster region, where the scheduler holds room for it until it is
+    placed there (`Task.moving_to`)."""
 
     job_id: str
     task_index: int
     token: int
     reason: str = ""
     force: bool = False
+    moving_to: str | None = None
 
     def validate(self) -> None:
         _check_task(self.job_id, self.task_index)
         _check_token(self.token)
         check_text("reason", self.reason, limits.MESSAGE_BYTES_MAX)
+        if self.moving_to is not None:
+            check_name("moving_to", self.moving_to)
 
 
 class Waiting(WireStruct, frozen=True):

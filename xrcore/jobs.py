@@ -215,6 +215,7 @@ def assign(machine: StateMachine, command: TaskAssign, index: int) -> dict[str, 
     target = _check_move(task, Event.ASSIGN)
     _move(machine, task, target)
     task.region = command.region
+    task.moving_to = None
     return {"job_id": job.job_id, "task_index": task.index, "region": command.region}
 
 
@@ -416,14 +417,16 @@ def schedule_pass(machine: StateMachine, command: SchedulePass, index: int) -> d
         _, task = _task(machine, taken.job_id, taken.task_index)
         moves.append((task, _check_move(task, Event.UNASSIGN), taken.reason, None))
     ended: list[tuple[str, Task]] = []
-    asked: list[tuple[Task, Attempt, str]] = []
+    asked: list[tuple[Task, Attempt, str, str | None]] = []
     for preemption in command.preempts:
         task, attempt = _live(machine, preemption.job_id, preemption.task_index, preemption.token)
+        if preemption.moving_to is not None and preemption.moving_to not in machine.regions:
+            raise NotFound(f"region {preemption.moving_to!r} is not registered")
         if preemption.force:
             moves.append((task, _check_move(task, Event.PREEMPT), preemption.reason, None))
             ended.append((preemption.job_id, task))
         elif attempt.preempt_requested_ms is None:
-            asked.append((task, attempt, preemption.reason))
+            asked.append((task, attempt, preemption.reason, preemption.moving_to))
         else:
             raise InvalidTransition(
                 f"task {preemption.job_id}[{preemption.task_index}] was already asked to yield"
@@ -440,9 +443,10 @@ def schedule_pass(machine: StateMachine, command: SchedulePass, index: int) -> d
         _, task = _task(machine, note.job_id, note.task_index)
         waiting.append((task, note.reason))
     # Everything checked: apply.
-    for task, attempt, reason in asked:
+    for task, attempt, reason, moving_to in asked:
         attempt.preempt_requested_ms = machine.now_ms
         task.reason = reason
+        task.moving_to = moving_to
         machine.schedule_revision += 1
     for job_id, task in ended:
         _end_attempt(machine, job_id, task, "preempted")
@@ -450,6 +454,9 @@ def schedule_pass(machine: StateMachine, command: SchedulePass, index: int) -> d
         _move(machine, task, target)
         task.region = region
         task.reason = reason
+        if target is TaskState.ASSIGNED:
+            # Placed: a move up is over (wherever the pass put it).
+            task.moving_to = None
     for task, reason in waiting:
         if task.state is TaskState.PENDING:
             task.reason = reason
@@ -499,6 +506,7 @@ def _task_view(task: Task) -> dict[str, Any]:
         "result": task.result,
         "error": task.error,
         "reason": task.reason,
+        "moving_to": task.moving_to,
         "attempts": [
             {
                 "number": attempt.number,

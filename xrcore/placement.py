@@ -126,6 +126,7 @@ def _task_info(
         checkpointed_ms=None if task.checkpoint is None else task.checkpoint.committed_at_ms,
         token=None if live is None else live.token,
         preempt_requested_ms=None if live is None else live.preempt_requested_ms,
+        moving_to=task.moving_to,
         eligible=eligible,
         waiting=waiting,
         avoid_region=(
@@ -184,11 +185,6 @@ def place(machine: StateMachine, settings: PlacementSettings | None = None) -> S
         settings.policy,
         decisions_max=decisions_max,
         reasons_max=SCHEDULE_DECISIONS_MAX - decisions_max,
-        # Moving up needs the room in the faster region held for the mover until it is placed
-        # there (`TaskInfo.moving_to`); the replicated state does not record that target yet
-        # (`Preemption` and `Attempt` would carry it: a change of the wire format), and without
-        # the hold a mover can land on a slow region again and move over and over. Off here.
-        move_ups_max=0,
     )
     decisions = schedule(cluster_view(machine, settings), policy)
     waiting = []
@@ -219,6 +215,7 @@ def place(machine: StateMachine, settings: PlacementSettings | None = None) -> S
                 token=item.token,
                 reason=_clip(item.reason),
                 force=item.force,
+                moving_to=item.moving_to,
             )
             for item in decisions.preempts
         ),

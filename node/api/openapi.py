@@ -515,6 +515,11 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
                     **TEXT,
                     "description": "Why the task is in its region, or why it still waits.",
                 },
+                "moving_to": {
+                    "type": ["string", "null"],
+                    "description": "The faster region the scheduler is moving the task up to "
+                    "(asked to yield, room held there), until it is placed again.",
+                },
                 "attempts": _list(_ref("Attempt")),
             }
         ),

@@ -200,6 +200,16 @@ EXAMPLES: dict[str, Envelope] = {
             waiting=(Waiting(job_id=JOB_ID, task_index=3, reason="no room"),),
         )
     ),
+    "schedule.pass.move_up": _envelope(
+        SchedulePass(
+            revision=42,
+            preempts=(
+                Preemption(
+                    job_id=JOB_ID, task_index=5, token=10, reason="faster", moving_to="us-west"
+                ),
+            ),
+        )
+    ),
     "task.yield": _envelope(TaskYield(job_id=JOB_ID, task_index=2, token=9)),
     "tenant.set": _envelope(
         TenantSet(name="acme", weight=2.0, gpus_max=16, cost_weight=0.5, carbon_weight=2.0)

@@ -10,6 +10,7 @@ from xrcore.commands import (
     JobCancel,
     JobSpec,
     JobSubmit,
+    Preemption,
     RegionHeartbeat,
     RegionRegister,
     SchedulePass,
@@ -20,9 +21,9 @@ from xrcore.commands import (
     TaskYield,
     Tick,
 )
-from xrcore.errors import StaleSchedule
+from xrcore.errors import NotFound, StaleSchedule
 from xrcore.placement import PlacementSettings, cluster_view, place
-from xrcore.scheduler import SchedulerSettings, schedule
+from xrcore.scheduler import SchedulerSettings
 
 
 def _region(
@@ -345,8 +346,9 @@ def test_regions_without_gpus_are_chosen_by_price_and_carbon_too() -> None:
     assert _apply_all(driver) == [(job_id, 0, "b-cheap")]
 
 
-def test_running_tasks_are_not_moved_up_until_the_state_records_where_they_go() -> None:
-    driver = Driver()
+def _slow_task_beside_a_free_fast_region(driver: Driver) -> tuple[str, int]:
+    """Region a (speed 1, one slot) runs a long task; region b (speed 2, one slot) is free.
+    Returns the task's job and token."""
     _region(driver, "a", slots=1)
     driver.ok(
         RegionRegister(
@@ -368,9 +370,42 @@ def test_running_tasks_are_not_moved_up_until_the_state_records_where_they_go() 
         driver.ok(RegionHeartbeat(name="a"))
         driver.ok(RegionHeartbeat(name="b"))
         driver.ok(TaskHeartbeat(job_id=slow, task_index=0, token=token))
+    return slow, token
+
+
+def test_a_running_task_moves_up_with_its_room_held_in_the_replicated_state() -> None:
+    driver = Driver()
+    slow, token = _slow_task_beside_a_free_fast_region(driver)
     settings = PlacementSettings(policy=SchedulerSettings(default_estimate_ms=20 * 3_600_000))
-    # The policy alone would move it to b, which is free and twice as fast ...
-    moves = schedule(cluster_view(driver.machine, settings), settings.policy).preempts
-    assert [(item.job_id, item.moving_to) for item in moves] == [(slow, "b")]
-    # ... but the running cluster could not hold b for it, so it does not ask.
-    assert place(driver.machine, settings) is None
+    decisions = place(driver.machine, settings)
+    assert decisions is not None
+    assert [(item.job_id, item.moving_to, item.force) for item in decisions.preempts] == [
+        (slow, "b", False)
+    ]
+    driver.ok(decisions)
+    task = driver.machine.jobs[slow].tasks[0]
+    assert task.moving_to == "b"
+    assert "moving to faster region b" in task.reason
+    # While it yields, b's one slot is held: a newcomer waits rather than take it.
+    newcomer = _submit(driver, "newcomer")
+    waiting = place(driver.machine, settings)
+    assert waiting is None or _assigned(waiting) == []
+    driver.ok(TaskYield(job_id=slow, task_index=0, token=token))
+    assert driver.machine.jobs[slow].tasks[0].moving_to == "b"
+    # Once it has yielded, the next pass puts it in b before anyone else, and the move is over.
+    assigned = place(driver.machine, settings)
+    assert assigned is not None and _assigned(assigned)[0] == (slow, 0, "b")
+    driver.ok(assigned)
+    assert driver.machine.jobs[slow].tasks[0].moving_to is None
+    assert driver.machine.jobs[newcomer].tasks[0].region != "b"
+
+
+def test_a_pass_that_moves_a_task_to_an_unknown_region_is_refused() -> None:
+    driver = Driver()
+    slow, token = _slow_task_beside_a_free_fast_region(driver)
+    refused = SchedulePass(
+        revision=driver.machine.schedule_revision,
+        preempts=(Preemption(job_id=slow, task_index=0, token=token, moving_to="nowhere"),),
+    )
+    assert driver.error(refused) == NotFound.code
+    assert driver.machine.jobs[slow].tasks[0].moving_to is None
