@@ -206,6 +206,14 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # cost and carbon weights.
     seconds_per_dollar: float = 600.0
     seconds_per_kg_carbon: float = 600.0
+    # Moving up (docs/scheduler.md, step 6): at most this many running tasks move to a faster
+    # region at once (0: never; keep 0 while upgrading from a version without it, which cannot
+    # read the passes that carry it), each after this long in its attempt, when it saves at least
+    # this long and this fraction of its estimated rest.
+    move_ups_max: int = 4
+    move_up_min_run_s: float = 600.0
+    move_up_saving_min_s: float = 3600.0
+    move_up_saving_fraction: float = 0.3
 
 
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -531,6 +539,10 @@ def _check_scheduler(scheduler: SchedulerConfig) -> None:
         "preemptions_max",
         "seconds_per_dollar",
         "seconds_per_kg_carbon",
+        "move_ups_max",
+        "move_up_min_run_s",
+        "move_up_saving_min_s",
+        "move_up_saving_fraction",
     ):
         if getattr(scheduler, name) < 0:
             raise ConfigError(

@@ -189,6 +189,10 @@ class Node:
                 default_estimate_ms=int(scheduler.default_estimate_s * 1000),
                 ms_per_dollar=scheduler.seconds_per_dollar * 1000,
                 ms_per_kg_carbon=scheduler.seconds_per_kg_carbon * 1000,
+                move_ups_max=scheduler.move_ups_max,
+                move_up_min_run_ms=int(scheduler.move_up_min_run_s * 1000),
+                move_up_saving_min_ms=int(scheduler.move_up_saving_min_s * 1000),
+                move_up_saving_fraction=scheduler.move_up_saving_fraction,
             ),
         )
         stale_retries_max = 3

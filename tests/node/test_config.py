@@ -63,6 +63,7 @@ def test_round_trip_times_come_as_region_equals_milliseconds() -> None:
         ({"region.rtt_ms": "eu=fast"}, "region.rtt_ms"),
         ({"region.rtt_ms": "eu=-5"}, "region.rtt_ms"),
         ({"scheduler.preemption_grace_s": "0"}, "scheduler.preemption_grace_s"),
+        ({"scheduler.move_ups_max": "-1"}, "scheduler.move_ups_max"),
     ],
 )
 def test_an_invalid_setting_is_named_with_its_value(overrides: dict[str, str], named: str) -> None:
@@ -124,3 +125,9 @@ def test_a_config_file_that_is_not_toml_is_reported_with_its_path(tmp_path: Path
         load_config(path=path, environ={})
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(path=tmp_path / "missing.toml", environ={})
+
+
+def test_moving_up_can_be_turned_off() -> None:
+    assert load_config(environ={}, overrides=BASE).scheduler.move_ups_max == 4
+    config = load_config(environ={}, overrides={**BASE, "scheduler.move_ups_max": "0"})
+    assert config.scheduler.move_ups_max == 0
