@@ -74,8 +74,6 @@ _journal_module: Any = importlib.import_module("pysyncobj.journal")
 # SyncObj's tick, which `Replica._onTick` wraps (not in the stub).
 _sync_obj_on_tick: Callable[[Any, float], None] = getattr(SyncObj, "_onTick")  # noqa: B009
 
-# pysyncobj's raft state for a leader (its _RAFT_STATE.LEADER).
-_RAFT_STATE_LEADER = 2
 # xr's pre-vote messages (`Replica._may_campaign`); pysyncobj never sees them.
 PRE_VOTE = "xr_pre_vote"
 PRE_VOTE_RESPONSE = "xr_pre_vote_response"
@@ -639,7 +637,7 @@ class Replica(SyncObj):
         own_index = getattr(self, "_SyncObj__getCurrentLogIndex")()  # noqa: B009
         up_to_date = last_term > own_term or (last_term == own_term and last_index >= own_index)
         leader_heard = (
-            getattr(self, "_SyncObj__raftState") == _RAFT_STATE_LEADER  # noqa: B009
+            self._isLeader()
             or syncobj_module.monotonicTime() - self._leader_heard_s < self._min_election_timeout_s
         )
         granted = term > self.raftCurrentTerm and up_to_date and not leader_heard
