@@ -610,6 +610,11 @@ class Replica(SyncObj):
             return True
         generate_timeout = getattr(self, "_SyncObj__generateRaftTimeout")  # noqa: B009
         setattr(self, "_SyncObj__raftElectionDeadline", now_s + generate_timeout())  # noqa: B010
+        # It no longer hears a leader, so it names none (etcd's pre-candidate sets `lead` to
+        # None; a campaigning pysyncobj member does the same): its status says so, and commands
+        # wait for a leader instead of being forwarded to one that does not answer. Hearing a
+        # leader again sets it back.
+        setattr(self, "_SyncObj__raftLeader", None)  # noqa: B010 - name-mangled
         self._pre_vote_term = term + 1
         self._pre_vote_granted = {None}  # None: this member's own yes
         self.pre_vote_rounds += 1

@@ -210,10 +210,13 @@ def test_run__partitions_without_namespaces_use_message_drops_in_the_nodes(tmp_p
     assert results["command"].endswith("--no-namespaces --fault-transport")
     assert results["safety"] in (True, "unknown"), results["check"]["anomalies"][:5]
     assert results["liveness"]["ok"], results["liveness"]
-    # The cut was real: the nodes were told, and elections followed.
+    # The cut was real: the nodes were told, and a member cut off from the leader stopped
+    # hearing it. With pre-vote, a minority cut from a leader that kept its majority does not
+    # raise the term; it names no leader until the heal.
     assert "test network drops now: 127.0.0.1:" in (tmp_path / "nodes" / "n0.log").read_text()
     statuses = [json.loads(line) for line in (tmp_path / "status.jsonl").read_text().splitlines()]
-    assert max(status.get("term") or 0 for status in statuses) > 1
+    first_led = next(i for i, status in enumerate(statuses) if status.get("leader"))
+    assert any(status.get("leader") is None for status in statuses[first_led:])
 
 
 @pytest.mark.slow

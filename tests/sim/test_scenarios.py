@@ -223,10 +223,10 @@ def test_restarted_node_that_forgot_its_vote__votes_twice_in_one_term(tmp_path: 
 @contextmanager
 def _follower_out_of_touch(
     tmp_path: Path, test: str, *, pre_vote: bool
-) -> Iterator[tuple[SimCluster, int, int, int]]:
+) -> Iterator[tuple[SimCluster, int, int, int, Any]]:
     """A follower is cut off from the leader alone (it still reaches the other follower) for
     3 s, longer than any election timeout, and healed. Yields the cluster, the leader before,
-    its term before, and the follower."""
+    its term before, the follower, and the leader the follower named just before the heal."""
     with simulation(tmp_path, test, raft_options={"pre_vote": pre_vote}) as cluster:
         leader = wait_for_leader(cluster)
         commit(cluster, KvPut(key="k", value=b"v"), "a", 1)
@@ -234,28 +234,34 @@ def _follower_out_of_touch(
         follower = next(node for node in cluster.running() if node != leader)
         cluster.cut(leader, follower)
         cluster.run_for(3.0)
+        named_while_cut = _replica(cluster, follower).getStatus()["leader"]
         cluster.heal()
         cluster.run_for(3.0)
         commit(cluster, KvPut(key="k", value=b"w"), "a", 2)
-        yield cluster, leader, term, follower
+        yield cluster, leader, term, follower, named_while_cut
 
 
 def test_follower_cut_from_the_leader__does_not_depose_it(tmp_path: Path) -> None:
     test = "test_follower_cut_from_the_leader__does_not_depose_it"
     with _follower_out_of_touch(tmp_path, test, pre_vote=True) as story:
-        cluster, leader, term, follower = story
+        cluster, leader, term, follower, named_while_cut = story
         assert _is_leader(cluster, leader)
         assert _term(cluster, leader) == term
         assert set(cluster.checker.leaders_by_term) == {term}
         # The follower did try: members that still heard from the leader said no.
         assert _replica(cluster, follower).pre_vote_rounds >= 1
+        # While cut it named no leader (as etcd's pre-candidate does), not one it could not
+        # hear; once healed it named the leader again.
+        assert named_while_cut is None
+        leader_address = cluster.nodes[leader].address
+        assert str(_replica(cluster, follower).getStatus()["leader"]) == leader_address
 
 
 def test_follower_cut_from_the_leader_without_pre_vote__deposes_it(tmp_path: Path) -> None:
     """The control: without pre-vote the follower raises its term and the leader steps down."""
     test = "test_follower_cut_from_the_leader_without_pre_vote__deposes_it"
     with _follower_out_of_touch(tmp_path, test, pre_vote=False) as story:
-        cluster, _, term, _ = story
+        cluster, _, term, _, _ = story
         assert max(cluster.checker.leaders_by_term) > term
 
 
