@@ -37,11 +37,12 @@ One pass, in order:
    when a faster region it may use has room the pass left unused and moving there (the input and
    the checkpoint, then the estimated rest of its run at that speed) saves at least
    `move_up_saving_min_ms` and `move_up_saving_fraction` of its estimated rest where it runs,
-   at no higher price and carbon at its tenant's weights; largest saving first, only after
-   `move_up_min_run_ms` in its attempt, and at most `move_ups_max` tasks moving at once. The room
-   is held for the mover (`TaskInfo.moving_to`, in the view while it yields and while it waits)
-   and it is placed there before any other task. Each move goes to a strictly faster region, so
-   no task moves back and forth.
+   at no higher price and carbon at its tenant's weights; the most time saved per device-hour
+   taken in the faster region first (its room is what is scarce, and mean completion time
+   counts jobs, not GPUs), only after `move_up_min_run_ms` in its attempt, and at most
+   `move_ups_max` tasks moving at once. The room is held for the mover (`TaskInfo.moving_to`, in
+   the view while it yields and while it waits) and it is placed there before any other task.
+   Each move goes to a strictly faster region, so no task moves back and forth.
 Every assignment and every waiting task carries a reason in words.
 
 Duration estimates (`DurationStats`) come from completed tasks per tenant and entrypoint, with a
@@ -644,6 +645,11 @@ class _Move:
     rest_here_ms: float
     here_speed: float
 
+    @property
+    def gain(self) -> float:
+        """Completion time saved per unit of device time taken there (`_Pass._move_up`)."""
+        return self.saving_ms / (max(self.task.gpus, 1) * max(self.option.run_ms, 1.0))
+
 
 def _order(pending: list[TaskInfo]) -> list[list[tuple[str, list[TaskInfo]]]]:
     """Pending tasks grouped by priority class (highest first), then by tenant, each tenant's
@@ -866,7 +872,8 @@ class _Pass:
 
     def _move_up(self) -> None:
         """Asks running tasks to yield and move to a faster region whose room this pass left
-        unused, largest saving first, and holds that room for them."""
+        unused, the most time saved per device-hour there first, and holds that room for
+        them."""
         settings = self.settings
         if settings.move_ups_max <= 0 or self.full():
             return
@@ -881,10 +888,14 @@ class _Pass:
         if budget <= 0:
             return
         fastest = max(room.region.speed for room in open_rooms)
-        # Largest saving first, found lazily: each task enters with an upper bound of its saving
-        # (the fastest open region, no data to move) and is weighed region by region only when
-        # that bound comes first, so a pass with many running tasks weighs only the best few.
-        # At equal keys a bound comes before a weighed move (kind 0 before 1).
+        # Highest gain per device-hour first: the completion time a move saves, over the device
+        # time it takes in the faster region (its GPUs times its run there). The room of a
+        # faster region is what is scarce; a 1-GPU task gains as much per device-hour of it as
+        # an 8-GPU task gains with 8, and mean completion time counts jobs, not GPUs. Found
+        # lazily: each task enters with an upper bound of its key (the fastest open region, no
+        # data to move: (fastest / speed here - 1) / GPUs) and is weighed region by region only
+        # when that bound comes first, so a pass with many running tasks weighs only the best
+        # few. At equal keys a bound comes before a weighed move (kind 0 before 1).
         heap: list[tuple[float, int, tuple[str, int], str, int]] = []
         entries: list[tuple[TaskInfo, _Room, float] | _Move] = []
         for task in self.cluster.tasks:
@@ -910,7 +921,8 @@ class _Pass:
             ):
                 continue
             entries.append((task, here, rest_ms))
-            heap.append((-(best_ms + 1.0), 0, task.ref, "", len(entries) - 1))
+            bound = (fastest / here_speed - 1.0) / max(task.gpus, 1)
+            heap.append((-bound, 0, task.ref, "", len(entries) - 1))
         heapq.heapify(heap)
         moved: set[tuple[str, int]] = set()
         while heap and budget > 0 and not self.full():
@@ -929,7 +941,7 @@ class _Pass:
                     if move is not None:
                         entries.append(move)
                         name = room.region.name
-                        heapq.heappush(heap, (-move.saving_ms, 1, task.ref, name, len(entries) - 1))
+                        heapq.heappush(heap, (-move.gain, 1, task.ref, name, len(entries) - 1))
                 continue
             move = entry
             task, room = move.task, move.option.room

@@ -539,6 +539,25 @@ def test_move_up__at_most_move_ups_max_tasks_moving_at_once() -> None:
     assert {item.job_id for item in decisions.preempts}.isdisjoint({"long0", "long1"})
 
 
+def test_move_up__the_most_time_saved_per_device_hour_first() -> None:
+    """Fast region b has 4 free GPUs and one move may start. A 4-GPU task saves more hours
+    (20 h left in a, 10 in b) than a 1-GPU one (12 h left, 6 in b), but for 40 device-hours of b:
+    0.25 h saved per device-hour, against 1 h for the 1-GPU task."""
+    regions = [region("a", 5), region("b", 4, speed=2.0)]
+    tasks = [
+        running(
+            "wide", "a", gpus=4, token=1, started_ms=NOW_MS - HOUR_MS, estimate_ms=21 * HOUR_MS
+        ),
+        running("narrow", "a", token=2, started_ms=NOW_MS - HOUR_MS, estimate_ms=13 * HOUR_MS),
+    ]
+    one = SchedulerSettings(move_ups_max=1)
+    assert [item.job_id for item in run(regions, tasks, settings=one).preempts] == ["narrow"]
+    # With room and budget for both, both move.
+    roomy = [region("a", 5), region("b", 5, speed=2.0)]
+    both = run(roomy, tasks, settings=SchedulerSettings(move_ups_max=2)).preempts
+    assert sorted(item.job_id for item in both) == ["narrow", "wide"]
+
+
 # Reasons.
 
 
