@@ -39,18 +39,23 @@ class DeviceLedger:
     def reserve(self, *, gpus: int, memory_mb: int, model: str | None = None) -> Grant | None:
         """Devices for a task, or None when it does not fit now."""
         if gpus > 0:
-            untouched = [
-                device
-                for device in range(len(self.memory_mb))
-                if device not in self.whole
-                and device not in self.shared_mb
-                and self.memory_mb[device] >= memory_mb
-                and self._matches(device, model)
-            ]
-            if len(untouched) < gpus:
+            # The first `gpus` untouched devices that match, in index order.
+            whole, shared, sizes = self.whole, self.shared_mb, self.memory_mb
+            untouched: list[int] = []
+            for device in range(len(sizes)):
+                if (
+                    device not in whole
+                    and device not in shared
+                    and sizes[device] >= memory_mb
+                    and self._matches(device, model)
+                ):
+                    untouched.append(device)
+                    if len(untouched) == gpus:
+                        break
+            else:
                 return None
-            chosen = tuple(untouched[:gpus])
-            self.whole.update(chosen)
+            chosen = tuple(untouched)
+            whole.update(chosen)
             return Grant(devices=chosen)
         if memory_mb <= 0:
             return None

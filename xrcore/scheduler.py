@@ -52,7 +52,7 @@ conservative default; they feed backfill, reservations and the cost of preemptio
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from xrcore._clocktext import utc_text
@@ -531,7 +531,7 @@ class _Share:
 # Scores.
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Option:
     score: float
     room: _Room
@@ -780,24 +780,22 @@ class _Pass:
         if not allowed:
             self.wait(task, "no healthy region that the job allows")
             return False
-        fitting = [
-            room for room in allowed if room.held_for in (None, task.ref) and room.fits(task)
-        ]
+        mine = (None, task.ref)
+        fitting = [room for room in allowed if room.held_for in mine and room.fits(task)]
         if task.avoid_region is not None:
             elsewhere = [room for room in fitting if room.region.name != task.avoid_region]
             fitting = elsewhere or fitting
         tenant = self.share.tenant(task.tenant)
-        options = sorted(
-            (_score(task, room, self.regions, tenant, self.settings) for room in fitting),
-            key=lambda option: (option.score, option.room.region.name),
-        )
+        options = self._options(task, fitting, tenant)
+        seen: list[_Option] = []
         for option in options:
+            seen.append(option)
             if self._backfill_conflict(task, option):
                 continue
-            others = [other for other in options if other is not option]
+            other = seen[0] if len(seen) > 1 else next(options, None)
             runner_up = (
-                f"; next best {others[0].room.region.name} ({others[0].explain(self.settings)})"
-                if others
+                f"; next best {other.room.region.name} ({other.explain(self.settings)})"
+                if other is not None
                 else ""
             )
             self._assign(
@@ -806,7 +804,7 @@ class _Pass:
                 f"{option.room.region.name}: {option.explain(self.settings)}{runner_up}",
             )
             return True
-        if options:
+        if fitting:
             assert self.reservation is not None
             self.wait(
                 task,
@@ -828,6 +826,30 @@ class _Pass:
         self.no_room[shape] = f"no room now in {names}"
         self.wait(task, self.no_room[shape])
         return False
+
+    def _options(self, task: TaskInfo, rooms: list[_Room], tenant: TenantInfo) -> Iterator[_Option]:
+        """`task`'s options in `rooms`, best score first (then region name), as `_score` ranks
+        them; a room is scored only once its lower bound could come first. The bound is the
+        score without moving data and without the best-fit term, both never negative, added
+        in the same order, so it is never above the score even in floating point."""
+        settings = self.settings
+        bounds: list[tuple[float, str, _Room]] = []
+        for room in rooms:
+            region = room.region
+            run_ms = task.estimate_ms / max(region.speed, 1e-6)
+            devices = _billed_devices(task, region)
+            bound = run_ms + _price_ms(region, devices, run_ms, tenant, settings)
+            if region.name in task.regions_prefer:
+                bound -= settings.prefer_ms
+            bounds.append((bound, region.name, room))
+        heapq.heapify(bounds)
+        scored: list[tuple[float, str, _Option]] = []
+        while bounds or scored:
+            while bounds and (not scored or bounds[0][0] <= scored[0][0]):
+                _, name, room = heapq.heappop(bounds)
+                option = _score(task, room, self.regions, tenant, settings)
+                heapq.heappush(scored, (option.score, name, option))
+            yield heapq.heappop(scored)[2]
 
     def _assign(self, task: TaskInfo, option: _Option, reason: str) -> None:
         option.room.take(task)

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from bench.scheduler import fifo_first_fit
+import xrcore.scheduler as scheduler_module
+from bench.scheduler import fifo_first_fit, scale_cluster
 from bench.scheduler_sim import SimSettings, simulate
 from bench.scheduler_trace import HOUR_MS, MINUTE_MS, Outage, Trace, TraceJob
 from xrcore.scheduler import (
@@ -556,6 +557,42 @@ def test_move_up__the_most_time_saved_per_device_hour_first() -> None:
     roomy = [region("a", 5), region("b", 5, speed=2.0)]
     both = run(roomy, tasks, settings=SchedulerSettings(move_ups_max=2)).preempts
     assert sorted(item.job_id for item in both) == ["narrow", "wide"]
+
+
+# Scoring.
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_options_come_in_the_order_of_a_full_sort(seed: int) -> None:
+    """`_Pass._options` scores a room only once its lower bound could come first; the order
+    must be that of scoring every room and sorting by (score, region name), preferred regions
+    and regions holding the task's data included."""
+    cluster = scale_cluster(seed, tasks=300, regions=20)
+    names = [region.name for region in cluster.regions]
+    tasks = [
+        replace(item, regions_prefer=(names[number % 20],)) if number % 3 == 0 else item
+        for number, item in enumerate(cluster.tasks)
+    ]
+    cluster = replace(cluster, tasks=tuple(tasks))
+    settings = SchedulerSettings()
+    schedule_pass = scheduler_module._Pass(cluster, settings)
+    rooms = list(schedule_pass.rooms.values())
+    for item in cluster.tasks:
+        if item.state != "pending":
+            continue
+        fitting = [room for room in rooms if room.fits(item)]
+        tenant = schedule_pass.share.tenant(item.tenant)
+        every = sorted(
+            (
+                scheduler_module._score(item, room, schedule_pass.regions, tenant, settings)
+                for room in fitting
+            ),
+            key=lambda option: (option.score, option.room.region.name),
+        )
+        lazy = list(schedule_pass._options(item, fitting, tenant))
+        assert [option.room.region.name for option in lazy] == [
+            option.room.region.name for option in every
+        ]
 
 
 # Reasons.
