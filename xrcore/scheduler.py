@@ -943,7 +943,8 @@ class _Pass:
             ):
                 continue
             entries.append((task, here, rest_ms))
-            bound = (fastest / here_speed - 1.0) / max(task.gpus, 1)
+            # A hair above, as the rest is rounded to whole milliseconds when weighed.
+            bound = (fastest / here_speed - 1.0) / max(task.gpus, 1) * (1.0 + 1e-6)
             heap.append((-bound, 0, task.ref, "", len(entries) - 1))
         heapq.heapify(heap)
         moved: set[tuple[str, int]] = set()
