@@ -580,7 +580,13 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
                 "region": TEXT,
                 "raft_address": TEXT,
                 "state": {"type": "string", "enum": ["follower", "candidate", "leader", "unknown"]},
-                "leader": {"type": ["string", "null"], "description": "The leader's Raft address."},
+                "leader": {
+                    "type": ["string", "null"],
+                    "description": (
+                        "The leader's Raft address; null while this node hears none (an "
+                        "election, or this node cut off from the leader)."
+                    ),
+                },
                 "leader_region": {"type": ["string", "null"]},
                 "has_quorum": BOOLEAN,
                 "term": INTEGER,
