@@ -237,6 +237,22 @@ class Preempt:
     # Moving up: the faster region whose room is held for the task once it has yielded.
     moving_to: str | None = None
 
+    @classmethod
+    def of(
+        cls, task: TaskInfo, reason: str, *, force: bool = False, moving_to: str | None = None
+    ) -> Preempt:
+        """The preemption of running `task` (its current attempt, where it runs)."""
+        assert task.token is not None and task.region is not None
+        return cls(
+            job_id=task.job_id,
+            task_index=task.task_index,
+            token=task.token,
+            region=task.region,
+            reason=reason,
+            force=force,
+            moving_to=moving_to,
+        )
+
 
 @dataclass(kw_only=True)
 class Decisions:
@@ -704,15 +720,10 @@ class _Pass:
                 continue
             if self.now_ms - asked_ms >= self.settings.preemption_grace_ms:
                 self.decisions.preempts.append(
-                    Preempt(
-                        job_id=task.job_id,
-                        task_index=task.task_index,
-                        token=task.token,
-                        region=task.region,
-                        reason=(
-                            f"preempted: did not yield within "
-                            f"{self.settings.preemption_grace_ms // 1000} s, so ended at once"
-                        ),
+                    Preempt.of(
+                        task,
+                        f"preempted: did not yield within "
+                        f"{self.settings.preemption_grace_ms // 1000} s, so ended at once",
                         force=True,
                     )
                 )
@@ -972,25 +983,19 @@ class _Pass:
                 continue
             if self._backfill_conflict(task, move.option):
                 continue
-            assert task.token is not None and task.region is not None
             room.take(task)  # Held for it until it is placed there.
             moved.add(task.ref)
             self.preempted.add(task.ref)
             budget -= 1
             self.decisions.preempts.append(
-                Preempt(
-                    job_id=task.job_id,
-                    task_index=task.task_index,
-                    token=task.token,
-                    region=task.region,
+                Preempt.of(
+                    task,
+                    f"moving to faster region {room.region.name} (speed "
+                    f"{room.region.speed:g} over {move.here_speed:g}): est. "
+                    f"{_minutes(move.rest_here_ms)} left here, "
+                    f"{_minutes(move.option.finish_ms)} there with the data; checkpoints, "
+                    f"stops and resumes there (room held)",
                     moving_to=room.region.name,
-                    reason=(
-                        f"moving to faster region {room.region.name} (speed "
-                        f"{room.region.speed:g} over {move.here_speed:g}): est. "
-                        f"{_minutes(move.rest_here_ms)} left here, "
-                        f"{_minutes(move.option.finish_ms)} there with the data; checkpoints, "
-                        f"stops and resumes there (room held)"
-                    ),
                 )
             )
 
@@ -1111,21 +1116,15 @@ class _Pass:
         lost_ms, region, victims = best
         room = self.rooms[region]
         for victim in victims:
-            assert victim.token is not None
             self.preempted.add(victim.ref)
             room.holders = [item for item in room.holders if item[1].ref != victim.ref]
             room.release(victim)
             self.decisions.preempts.append(
-                Preempt(
-                    job_id=victim.job_id,
-                    task_index=victim.task_index,
-                    token=victim.token,
-                    region=region,
-                    reason=(
-                        f"preempted for {task.job_id}[{task.task_index}] (priority "
-                        f"{task.priority} over {victim.priority}): checkpoints, stops and "
-                        "resumes from its checkpoint when room frees"
-                    ),
+                Preempt.of(
+                    victim,
+                    f"preempted for {task.job_id}[{task.task_index}] (priority "
+                    f"{task.priority} over {victim.priority}): checkpoints, stops and "
+                    "resumes from its checkpoint when room frees",
                 )
             )
         room.held_for = task.ref
