@@ -19,6 +19,13 @@ Baselines, with the same `Decisions` type as the policy:
 
 Run: `python bench/scheduler.py [--seed S] [--jobs N] [--hours H] [--quick] [--plot PATH]`.
 The last line is one JSON object.
+
+`--seeds 1-13` (a range, or a list such as `1,4,7`) runs xr and FIFO first-fit on the trace of
+each seed instead, and prints one row per seed (xr's figures as ratios to FIFO first-fit's), the
+mean and worst ratio over the seeds and on how many seeds each target is met: one seed's trace
+is one draw of heavy-tailed run times, and a policy change that helps one seed often costs
+another, so compare policies over many (about 10 s per seed here). The last line is one JSON
+object.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ sys.path[:] = [str(_BENCH_DIRECTORY.parent)] + [
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -350,6 +358,109 @@ def _table(rows: Iterable[tuple[str, dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
+# Across seeds.
+
+SEED_RATIOS = ("mean_jct_h", "p95_jct_h", "cost_dollars", "carbon_kg")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`1-13` or `1,4,7` (or both: `1-3,9`), in the order given, each once."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected seeds such as 1-13 or 1,4,7"
+            ) from None
+        if high < low or high - low >= 1000:
+            raise argparse.ArgumentTypeError(f"{part!r}: a range runs upward, at most 1000 seeds")
+        seeds.extend(seed for seed in range(low, high + 1) if seed not in seeds)
+    return seeds
+
+
+def across_seeds(
+    seeds: Iterable[int], *, jobs: int, hours: float, load: float
+) -> list[dict[str, float]]:
+    """For each seed, xr's figures as ratios to FIFO first-fit's on that seed's trace, with
+    xr's Jain index and any violations of either policy."""
+    rows = []
+    settings = SimSettings(check_invariants=False)
+    for seed in seeds:
+        started = time.perf_counter()
+        trace = generate(seed, jobs=jobs, hours=hours, load=load)
+        runs = {
+            name: simulate(trace, policy, name=name, settings=settings)
+            for name, policy in (("xr", xr_policy), ("fifo-first-fit", fifo_first_fit))
+        }
+        xr, fifo = (summary(runs[name]) for name in ("xr", "fifo-first-fit"))
+        row: dict[str, float] = {"seed": seed}
+        row.update({key: xr[key] / fifo[key] if fifo[key] else math.nan for key in SEED_RATIOS})
+        row["jain"] = xr["jain"]
+        row["unfinished"] = xr["unfinished"] + fifo["unfinished"]
+        row["violations"] = sum(float(len(result.violations)) for result in runs.values())
+        rows.append(row)
+        print(
+            f"seed {seed}: mean JCT {row['mean_jct_h']:.3f}x, p95 {row['p95_jct_h']:.3f}x "
+            f"({time.perf_counter() - started:.1f} s)",
+            flush=True,
+        )
+    return rows
+
+
+def _seed_targets(row: dict[str, float]) -> dict[str, bool]:
+    return {
+        "mean_jct_h": row["mean_jct_h"] <= TARGET_MEAN_RATIO,
+        "p95_jct_h": row["p95_jct_h"] <= TARGET_P95_RATIO,
+        "cost_dollars": row["cost_dollars"] <= 1,
+        "carbon_kg": row["carbon_kg"] <= 1,
+    }
+
+
+def _seeds_report(rows: list[dict[str, float]]) -> tuple[str, dict[str, dict[str, float]]]:
+    """The per-seed table, and per ratio its mean, worst and the seeds meeting its target."""
+    lines = [
+        "| seed | mean JCT | p95 JCT | cost | carbon | xr's Jain | unfinished | violations |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        ratios = " | ".join(f"{row[key]:.3f}x" for key in SEED_RATIOS)
+        lines.append(
+            f"| {row['seed']:.0f} | {ratios} | {row['jain']:.3f} | {row['unfinished']:.0f} | "
+            f"{row['violations']:.0f} |"
+        )
+    overall = {
+        key: {
+            "mean": statistics.fmean(row[key] for row in rows),
+            "worst": max(row[key] for row in rows),
+            "met": float(sum(_seed_targets(row)[key] for row in rows)),
+        }
+        for key in SEED_RATIOS
+    }
+    for label, field in (("mean", "mean"), ("worst", "worst")):
+        ratios = " | ".join(f"{overall[key][field]:.3f}x" for key in SEED_RATIOS)
+        lines.append(f"| {label} | {ratios} | | | |")
+    met = " | ".join(f"{overall[key]['met']:.0f} of {len(rows)}" for key in SEED_RATIOS)
+    lines.append(f"| target met | {met} | | | |")
+    return "\n".join(lines), overall
+
+
+def _main_seeds(seeds: list[int], *, jobs: int, hours: float, load: float) -> None:
+    print(
+        f"{len(seeds)} seed(s), {jobs} jobs over {hours:g} h each, load {load:g}: xr against "
+        f"FIFO first-fit on each seed's trace (ratios: xr / FIFO first-fit; targets: mean JCT "
+        f"<= {TARGET_MEAN_RATIO}x, p95 <= {TARGET_P95_RATIO}x, cost and carbon <= 1x)",
+        flush=True,
+    )
+    rows = across_seeds(seeds, jobs=jobs, hours=hours, load=load)
+    table, overall = _seeds_report(rows)
+    print()
+    print(table)
+    print(json.dumps({"seeds": rows, "overall": overall, "jobs": jobs, "hours": hours}))
+
+
 def _verdict(met: bool) -> str:
     return "met" if met else "NOT MET"
 
@@ -357,6 +468,12 @@ def _verdict(met: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default=None,
+        help="run xr and FIFO first-fit over many seeds' traces (1-13, or 1,4,7) and summarize",
+    )
     parser.add_argument("--jobs", type=int, default=None, help="jobs in the trace (default 1000)")
     parser.add_argument(
         "--hours", type=float, default=None, help="arrival window in hours (default 168)"
@@ -370,6 +487,9 @@ def main() -> None:
     jobs = arguments.jobs or (80 if arguments.quick else 1000)
     hours = arguments.hours or (12.0 if arguments.quick else 168.0)
     rounds = arguments.pass_rounds or (3 if arguments.quick else 10)
+    if arguments.seeds is not None:
+        _main_seeds(arguments.seeds, jobs=jobs, hours=hours, load=arguments.load)
+        return
 
     trace = generate(arguments.seed, jobs=jobs, hours=hours, load=arguments.load)
     gpus = {region.name: len(region.gpus) for region in trace.regions}

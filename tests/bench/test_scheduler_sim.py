@@ -222,3 +222,37 @@ def test_the_benchmark_runs_quick_and_ends_with_one_json_line(tmp_path: Path) ->
     assert last["figures"]["xr"]["unfinished"] == 0
     assert "target: average JCT" in done.stdout
     assert plot.exists() == has_matplotlib
+
+
+def test_the_benchmark_over_many_seeds_summarizes_each_and_all(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[2] / "bench" / "scheduler.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--seeds", "2-3,7"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [row["seed"] for row in last["seeds"]] == [2, 3, 7]
+    for row in last["seeds"]:
+        trace = generate(int(row["seed"]), jobs=80, hours=12.0)
+        xr = summary(simulate(trace, schedule, name="xr", settings=SimSettings()))
+        fifo = summary(simulate(trace, fifo_first_fit, name="fifo", settings=SimSettings()))
+        assert row["mean_jct_h"] == pytest.approx(xr["mean_jct_h"] / fifo["mean_jct_h"])
+        assert row["unfinished"] == 0 and row["violations"] == 0
+    overall = last["overall"]["p95_jct_h"]
+    p95 = [row["p95_jct_h"] for row in last["seeds"]]
+    assert overall["worst"] == max(p95)
+    assert overall["met"] == sum(value <= 0.7 for value in p95)
+    assert "| target met |" in done.stdout
+
+
+@pytest.mark.parametrize("text", ["x", "3-1", "1-", "0-5000"])
+def test_the_benchmark_refuses_seeds_it_cannot_read(text: str) -> None:
+    script = Path(__file__).resolve().parents[2] / "bench" / "scheduler.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--seeds", text], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "--seeds" in done.stderr and "Traceback" not in done.stderr
