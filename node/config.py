@@ -214,6 +214,11 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     move_up_min_run_s: float = 600.0
     move_up_saving_min_s: float = 3600.0
     move_up_saving_fraction: float = 0.3
+    # Moving aside (docs/scheduler.md, step 7): a running task that may run elsewhere makes way
+    # for a waiting task that may run only in its region, moving to one no faster, when
+    # it loses at most this long by moving (within `move_ups_max`).
+    move_aside: bool = True
+    move_aside_loss_max_s: float = 600.0
 
 
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -543,6 +548,7 @@ def _check_scheduler(scheduler: SchedulerConfig) -> None:
         "move_up_min_run_s",
         "move_up_saving_min_s",
         "move_up_saving_fraction",
+        "move_aside_loss_max_s",
     ):
         if getattr(scheduler, name) < 0:
             raise ConfigError(

@@ -193,6 +193,8 @@ class Node:
                 move_up_min_run_ms=int(scheduler.move_up_min_run_s * 1000),
                 move_up_saving_min_ms=int(scheduler.move_up_saving_min_s * 1000),
                 move_up_saving_fraction=scheduler.move_up_saving_fraction,
+                move_aside=scheduler.move_aside,
+                move_aside_loss_max_ms=int(scheduler.move_aside_loss_max_s * 1000),
             ),
         )
         stale_retries_max = 3

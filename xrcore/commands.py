@@ -376,9 +376,9 @@ class Preemption(WireStruct, frozen=True):
     """A running attempt that must make way for a higher-priority task. First it is asked to
     yield (its executor checkpoints and stops it, then sends `TaskYield`); with `force`, after
     the grace period, it is ended at once. Either way the task is requeued without counting a
-    failure and resumes from its last committed checkpoint. `moving_to`: the task makes way for
-    itself, to move up to that faster region, where the scheduler holds room for it until it is
-    placed there (`Task.moving_to`)."""
+    failure and resumes from its last committed checkpoint. `moving_to`: the task yields to move,
+    up to that faster region or aside (for a task that may run only where it runs), and the
+    scheduler holds room for it there until it is placed there (`Task.moving_to`)."""
 
     job_id: str
     task_index: int

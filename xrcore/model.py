@@ -126,8 +126,8 @@ class Task(msgspec.Struct, kw_only=True):
     updated_at_ms: int = 0
     # Why the task is where it is, or why it still waits (set by scheduling passes).
     reason: str = ""
-    # The faster region the task was asked to yield for, to move up (`Preemption.moving_to`);
-    # the scheduler holds room there for it until it is assigned again.
+    # The region the task was asked to yield for, to move up to a faster one or aside
+    # (`Preemption.moving_to`); the scheduler holds room there for it until it is assigned again.
     moving_to: str | None = None
 
     def live_attempt(self) -> Attempt | None:

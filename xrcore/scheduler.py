@@ -43,6 +43,18 @@ One pass, in order:
    `move_ups_max` tasks moving at once. The room is held for the mover (`TaskInfo.moving_to`, in
    the view while it yields and while it waits) and it is placed there before any other task.
    Each move goes to a strictly faster region, so no task moves back and forth.
+7. **Moving aside.** Before moving up, a task that may run in only one region (allow and deny
+   lists, GPU model and memory) and waits there for room has running tasks that may run
+   elsewhere asked to yield and move (a preemption with `moving_to`, like moving up) to regions
+   no faster than theirs (a faster region's room is for moving up) with room the pass left
+   unused, when together they free enough for it, each loses at most `move_aside_loss_max_ms`
+   of completion time (moving its data, a slower run) and of price and carbon at its tenant's
+   weights, and all of them lose less than the waiting task is expected to wait otherwise (from
+   running tasks' estimated ends). The smallest tasks go first; only after `move_up_min_run_ms`
+   in their attempt, within the same `move_ups_max`. The region is held for the waiting task
+   while they leave. Waiting tasks are served in placement order, one per region and pass. A
+   task moved aside may later move up, but never aside to a faster region nor up by a saving
+   that small, so it does not move back and forth.
 Every assignment and every waiting task carries a reason in words.
 
 Duration estimates (`DurationStats`) come from completed tasks per tenant and entrypoint, with a
@@ -117,6 +129,12 @@ class SchedulerSettings:
     move_up_min_run_ms: int = 600_000
     move_up_saving_min_ms: int = 3_600_000
     move_up_saving_fraction: float = 0.3
+    # Moving aside (off: False): a running task that may run elsewhere makes way for a waiting
+    # task that may run only where it runs, moving to a region no faster, when it loses at
+    # most `move_aside_loss_max_ms` (and as much in price and carbon) by moving. Movers count
+    # toward `move_ups_max` and wait `move_up_min_run_ms` in their attempt first.
+    move_aside: bool = True
+    move_aside_loss_max_ms: int = 600_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -695,6 +713,10 @@ class _Pass:
         self.preempted: set[tuple[str, int]] = set()
         self.waiting_noted = 0
         self.no_room: dict[tuple[object, ...], str] = {}
+        # Tasks left waiting for room in the one region they may run in, in placement order,
+        # with that region; and per shape that found no room, that region (or None).
+        self.pinned_waiting: list[tuple[TaskInfo, str]] = []
+        self.no_room_only: dict[tuple[object, ...], str | None] = {}
 
     def wait(self, task: TaskInfo, reason: str) -> None:
         if self.waiting_noted < self.settings.reasons_max:
@@ -745,6 +767,7 @@ class _Pass:
             self._place_class(tenants)
             if self.full():
                 break
+        self._move_aside()
         self._move_up()
         return self.decisions
 
@@ -786,6 +809,9 @@ class _Pass:
         known = self.no_room.get(shape)
         if known is not None:
             self.wait(task, known)
+            only = self.no_room_only.get(shape)
+            if only is not None:
+                self.pinned_waiting.append((task, only))
             return False
         allowed = [room for name, room in self.rooms.items() if task.allows(name)]
         if not allowed:
@@ -830,11 +856,15 @@ class _Pass:
             return False
         if self._awaiting_yield(task, ever) or self._preempt_for(task, ever):
             return False
+        only = ever[0].region.name if len(ever) == 1 else None
+        if only is not None:
+            self.pinned_waiting.append((task, only))
         if self.reservation is None:
             self._reserve(task, ever)
             return False
         names = ", ".join(room.region.name for room in ever)
         self.no_room[shape] = f"no room now in {names}"
+        self.no_room_only[shape] = only
         self.wait(task, self.no_room[shape])
         return False
 
@@ -896,8 +926,8 @@ class _Pass:
             self._assign(
                 task,
                 option,
-                f"{room.region.name}: moved up to a faster region, room held for it since it was "
-                f"asked to yield; {option.explain(self.settings)}",
+                f"{room.region.name}: moved (up or aside) as asked when it yielded, room held for "
+                f"it since; {option.explain(self.settings)}",
             )
             self.share.add(task)
             placed.add(task.ref)
@@ -999,6 +1029,144 @@ class _Pass:
                 )
             )
 
+    def _move_aside(self) -> None:
+        """Asks running tasks that may run elsewhere to move to regions no faster, to
+        make room for waiting tasks that may run only where they run (in placement order)."""
+        settings = self.settings
+        if not settings.move_aside or not self.pinned_waiting:
+            return
+        budget = settings.move_ups_max - sum(1 for task in self.cluster.tasks if _moving(task))
+        if budget <= 0 or self.full():
+            return
+        # Per region, a shape (GPUs, memory, model) that found no movers is not tried again.
+        tried: set[tuple[str, int, int, str | None]] = set()
+        for task, region in self.pinned_waiting:
+            if budget <= 0 or self.full():
+                return
+            shape = (region, task.gpus, task.gpu_memory_mb, task.gpu_model)
+            room = self.rooms[region]
+            if shape in tried or room.held_for is not None or room.fits(task):
+                continue
+            moves = self._aside_moves(task, room, budget)
+            if moves is None:
+                tried.add(shape)
+                continue
+            for move in moves:
+                mover = move.task
+                self.preempted.add(mover.ref)
+                budget -= 1
+                self.decisions.preempts.append(
+                    Preempt.of(
+                        mover,
+                        f"moving aside to {move.option.room.region.name} (speed "
+                        f"{move.option.room.region.speed:g}, here {move.here_speed:g}) for "
+                        f"{task.job_id}[{task.task_index}], which may run only in {region}: est. "
+                        f"{_minutes(move.rest_here_ms)} left here, "
+                        f"{_minutes(move.option.finish_ms)} there with the data; checkpoints, "
+                        f"stops and resumes there (room held)",
+                        moving_to=move.option.room.region.name,
+                    )
+                )
+            room.held_for = task.ref
+            reason = (
+                f"{len(moves)} task(s) that may run elsewhere are moving out of {region}, the "
+                "only region it may run in, to make room for it"
+            )
+            if task.ref in self.decisions.waiting:
+                self.decisions.waiting[task.ref] = reason
+            else:
+                self.wait(task, reason)
+
+    def _aside_moves(self, task: TaskInfo, room: _Room, budget: int) -> list[_Move] | None:
+        """Running tasks in `room` that may move elsewhere and together free enough for `task`,
+        each with where it goes (that room taken for it), or None (nothing taken)."""
+        settings = self.settings
+        start = _earliest_fit(task, room, self.now_ms)
+        wait_ms = float("inf") if start is None else start - self.now_ms
+        candidates = []
+        for _, holder in room.holders:
+            if (
+                holder.state != "running"
+                or holder.preempt_requested_ms is not None
+                or holder.token is None
+                or holder.started_ms is None
+                or holder.ref in self.preempted
+                or self.now_ms - holder.started_ms < settings.move_up_min_run_ms
+            ):
+                continue
+            move = self._aside(holder, room)
+            if move is not None:
+                candidates.append(move)
+        # The smallest first (they find room elsewhere most easily, and free no more than
+        # needed), then those that lose least.
+        candidates.sort(key=lambda move: (move.task.gpus, -move.saving_ms, move.task.ref))
+        trial = room.trial()
+        chosen: list[_Move] = []
+        lost_ms = 0.0
+        for move in candidates:
+            target = move.option.room
+            if len(chosen) >= budget or lost_ms - move.saving_ms >= wait_ms:
+                break
+            probe = trial.trial()
+            probe.release(move.task)
+            if probe.room_for(task) <= trial.room_for(task) or not target.fits(move.task):
+                continue  # It frees nothing `task` can use, or an earlier mover took the room.
+            target.take(move.task)
+            chosen.append(move)
+            lost_ms -= move.saving_ms
+            trial = probe
+            if trial.fits(task):
+                return chosen
+        for move in chosen:
+            move.option.room.release(move.task)
+        return None
+
+    def _aside(self, task: TaskInfo, here: _Room) -> _Move | None:
+        """Where running `task` would move aside to (the best-scored open room no faster than
+        `here`), if it loses little enough there."""
+        settings = self.settings
+        here_speed = max(here.region.speed, 1e-6)
+        rest_ms = self._rest_ms(task, here_speed)
+        rest_here_ms = rest_ms / here_speed
+        tenant = self.share.tenant(task.tenant)
+        devices = _billed_devices(task, here.region)
+        stay_ms = rest_here_ms + _price_ms(here.region, devices, rest_here_ms, tenant, settings)
+        # What moving costs: the checkpoint from here, and the input from where it lives.
+        moved = replace(task, checkpoint_region=here.region.name, estimate_ms=int(rest_ms))
+        best: _Option | None = None
+        for room in self.rooms.values():
+            region = room.region
+            if (
+                room is here
+                or room.held_for is not None
+                or region.speed > here.region.speed
+                or not task.allows(region.name)
+                or (task.regions_prefer and region.name not in task.regions_prefer)
+                or not room.fits(task)
+            ):
+                continue
+            option = _score(moved, room, self.regions, tenant, settings)
+            if option.finish_ms - rest_here_ms > settings.move_aside_loss_max_ms:
+                continue
+            go_ms = option.finish_ms + _price_ms(
+                region, option.devices, option.run_ms, tenant, settings
+            )
+            if go_ms - stay_ms > settings.move_aside_loss_max_ms:
+                continue
+            if self._backfill_conflict(task, option):
+                continue
+            if best is None or (option.score, region.name) < (best.score, best.room.region.name):
+                best = option
+        if best is None:
+            return None
+        return _Move(
+            task=task,
+            option=best,
+            saving_ms=rest_here_ms - best.finish_ms,
+            rest_here_ms=rest_here_ms,
+            here_speed=here.region.speed,
+        )
+
     def _rest_ms(self, task: TaskInfo, speed: float) -> float:
         """The estimated rest of a running task's work, at speed 1.0. This attempt's work is all
         the view shows done; a task past its estimate is expected to run about as long again as
@@ -1074,10 +1242,13 @@ class _Pass:
         for room in rooms:
             if room.held_for is not None:
                 continue
+            # A task that may run only here also counts on tasks moving away (moving aside).
+            only_here = self.settings.move_aside and len(rooms) == 1
             leaving = [
                 holder
                 for _, holder in room.holders
-                if holder.preempt_requested_ms is not None and holder.priority < task.priority
+                if holder.preempt_requested_ms is not None
+                and (holder.priority < task.priority or (only_here and holder.moving_to))
             ]
             if not leaving:
                 continue
@@ -1086,9 +1257,17 @@ class _Pass:
                 trial.release(holder)
             if trial.fits(task):
                 room.held_for = task.ref
+                moving = sum(1 for holder in leaving if holder.moving_to)
+                kind = (
+                    "preempted"
+                    if not moving
+                    else "moving"
+                    if moving == len(leaving)
+                    else "preempted or moving"
+                )
                 self.wait(
                     task,
-                    f"waiting for {len(leaving)} preempted task(s) in {room.region.name} to "
+                    f"waiting for {len(leaving)} {kind} task(s) in {room.region.name} to "
                     "checkpoint and stop",
                 )
                 return True

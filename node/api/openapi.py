@@ -517,8 +517,9 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
                 },
                 "moving_to": {
                     "type": ["string", "null"],
-                    "description": "The faster region the scheduler is moving the task up to "
-                    "(asked to yield, room held there), until it is placed again.",
+                    "description": "The region the scheduler is moving the task to, up to a "
+                    "faster one or aside for a task that may run only where it runs (asked to "
+                    "yield, room held there), until it is placed again.",
                 },
                 "attempts": _list(_ref("Attempt")),
             }

@@ -64,6 +64,8 @@ def test_round_trip_times_come_as_region_equals_milliseconds() -> None:
         ({"region.rtt_ms": "eu=-5"}, "region.rtt_ms"),
         ({"scheduler.preemption_grace_s": "0"}, "scheduler.preemption_grace_s"),
         ({"scheduler.move_ups_max": "-1"}, "scheduler.move_ups_max"),
+        ({"scheduler.move_aside_loss_max_s": "-1"}, "scheduler.move_aside_loss_max_s"),
+        ({"scheduler.move_aside": "sometimes"}, "scheduler.move_aside"),
     ],
 )
 def test_an_invalid_setting_is_named_with_its_value(overrides: dict[str, str], named: str) -> None:
@@ -131,3 +133,11 @@ def test_moving_up_can_be_turned_off() -> None:
     assert load_config(environ={}, overrides=BASE).scheduler.move_ups_max == 4
     config = load_config(environ={}, overrides={**BASE, "scheduler.move_ups_max": "0"})
     assert config.scheduler.move_ups_max == 0
+
+
+def test_moving_aside_can_be_turned_off_and_its_loss_bounded() -> None:
+    default = load_config(environ={}, overrides=BASE).scheduler
+    assert (default.move_aside, default.move_aside_loss_max_s) == (True, 600.0)
+    overrides = {"scheduler.move_aside": "false", "scheduler.move_aside_loss_max_s": "60"}
+    config = load_config(environ={}, overrides={**BASE, **overrides}).scheduler
+    assert (config.move_aside, config.move_aside_loss_max_s) == (False, 60.0)

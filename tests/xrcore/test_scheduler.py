@@ -519,7 +519,7 @@ def test_move_up__the_room_is_held_until_the_mover_is_placed_there() -> None:
     )
     decisions = run(regions, [newcomer, moved])
     assert placed(decisions) == {"long[0]": "b", "newcomer[0]": "a"}
-    assert "moved up" in decisions.assigns[0].reason
+    assert "moved (up or aside)" in decisions.assigns[0].reason
     # Without the hold, the newcomer (first in order) would have taken b.
     unheld = replace(moved, moving_to=None)
     assert placed(run(regions, [newcomer, unheld]))["newcomer[0]"] == "b"
@@ -557,6 +557,111 @@ def test_move_up__the_most_time_saved_per_device_hour_first() -> None:
     roomy = [region("a", 5), region("b", 5, speed=2.0)]
     both = run(roomy, tasks, settings=SchedulerSettings(move_ups_max=2)).preempts
     assert sorted(item.job_id for item in both) == ["narrow", "wide"]
+
+
+# Moving aside.
+
+
+def _aside_case(
+    *, speed: float = 1.0, started_ms: int = NOW_MS - HOUR_MS, **flexible: Any
+) -> tuple[list[RegionInfo], list[TaskInfo]]:
+    """Region eu is full with a task that may run elsewhere; us, as fast unless `speed` says
+    otherwise, has a free GPU; a task that may run only in eu waits."""
+    regions = [region("eu", 1), region("us", 1, speed=speed)]
+    flexible.setdefault("estimate_ms", 10 * HOUR_MS)
+    tasks = [
+        running("flexible", "eu", token=3, started_ms=started_ms, **flexible),
+        task("resident", regions_allow=("eu",), submitted_ms=NOW_MS - MINUTE_MS),
+    ]
+    return regions, tasks
+
+
+def test_move_aside__a_task_that_may_run_elsewhere_makes_way_for_one_that_may_not() -> None:
+    regions, tasks = _aside_case()
+    decisions = run(regions, tasks)
+    [move] = decisions.preempts
+    assert (move.job_id, move.token, move.region, move.moving_to) == ("flexible", 3, "eu", "us")
+    assert not move.force
+    assert move.reason.startswith("moving aside to us") and "resident[0]" in move.reason
+    assert "moving out of eu" in decisions.waiting[("resident", 0)]
+    assert placed(decisions) == {}
+    # Off, or no budget for moves: it waits.
+    for settings in (SchedulerSettings(move_aside=False), SchedulerSettings(move_ups_max=0)):
+        assert run(regions, tasks, settings=settings).preempts == []
+
+
+def test_move_aside__never_to_a_faster_region_nor_a_task_that_may_not_move() -> None:
+    # 20 minutes left in eu: 25 in us at speed 0.8 loses 5 (within the limit, less than the
+    # resident's wait of 20), so it moves; at speed 1.2 it would gain, but a faster region's
+    # room is for moving up, and this saving is too small for that.
+    ending = dict(started_ms=NOW_MS - 40 * MINUTE_MS, estimate_ms=HOUR_MS)
+    assert [move.moving_to for move in run(*_aside_case(speed=0.8, **ending)).preempts] == ["us"]
+    assert run(*_aside_case(speed=1.2, **ending)).preempts == []
+    # At speed 0.5 it would lose 20 minutes, over the limit.
+    assert run(*_aside_case(speed=0.5, **ending)).preempts == []
+    # A task that may run only in eu itself stays.
+    assert run(*_aside_case(regions_allow=("eu",))).preempts == []
+    # Nor one that has not run `move_up_min_run_ms` in its attempt.
+    assert run(*_aside_case(started_ms=NOW_MS - 5 * MINUTE_MS)).preempts == []
+
+
+def test_move_aside__only_when_moving_costs_the_mover_little() -> None:
+    # Its 200 GB checkpoint takes about 21 minutes to us (one TCP window per 100 ms round trip).
+    regions, tasks = _aside_case(checkpoint_size_mb=200_000)
+    assert run(regions, tasks).preempts == []
+    loose = SchedulerSettings(move_aside_loss_max_ms=30 * MINUTE_MS)
+    [move] = run(regions, tasks, settings=loose).preempts
+    assert move.moving_to == "us"
+    # A lower price there does not buy the time back: eu at $1 per GPU-hour for the 9 hours
+    # left is worth 90 minutes, us is free, and still it does not move.
+    regions[0] = replace(regions[0], price_per_gpu_hour=1.0)
+    assert run(regions, tasks).preempts == []
+    # Nor when the other region costs more than the limit at its tenant's weights: us at $10
+    # more per GPU-hour, for the 9 hours left, is 15 hours at 600 s per dollar.
+    regions, tasks = _aside_case()
+    regions[1] = replace(regions[1], price_per_gpu_hour=10.0)
+    assert run(regions, tasks).preempts == []
+
+
+def test_move_aside__only_when_the_waiting_task_would_wait_longer_than_the_mover_loses() -> None:
+    # A 50 GB checkpoint: about 5 minutes to move. The task in eu ends in 3 minutes anyway.
+    ending = dict(checkpoint_size_mb=50_000, estimate_ms=HOUR_MS)
+    regions, tasks = _aside_case(started_ms=NOW_MS - 57 * MINUTE_MS, **ending)
+    assert run(regions, tasks).preempts == []
+    # Ending in 30 minutes, it moves.
+    regions, tasks = _aside_case(started_ms=NOW_MS - 30 * MINUTE_MS, **ending)
+    assert [move.moving_to for move in run(regions, tasks).preempts] == ["us"]
+
+
+def test_move_aside__the_region_is_held_until_the_movers_have_left() -> None:
+    regions, tasks = _aside_case()
+    regions[0] = region("eu", 2)
+    flexible, resident = tasks
+    resident = replace(resident, gpus=2)
+    [move] = run(regions, [flexible, resident]).preempts
+    assert move.moving_to == "us"
+    # The next pass, while it checkpoints: a later task that fits eu's free GPU (us is held for
+    # the mover) waits, and so does the resident, for the mover.
+    yielding = replace(flexible, preempt_requested_ms=NOW_MS, moving_to="us")
+    later = task("later", submitted_ms=NOW_MS)
+    decisions = run(regions, [yielding, resident, later])
+    assert placed(decisions) == {} and decisions.preempts == []
+    assert "moving task(s) in eu" in decisions.waiting[("resident", 0)]
+    # Without moving aside, the later task takes eu's free GPU.
+    off = SchedulerSettings(move_aside=False)
+    assert placed(run(regions, [yielding, resident, later], settings=off)) == {"later[0]": "eu"}
+    # It yielded: it goes to us, and the resident to eu.
+    moved = replace(
+        yielding,
+        state="pending",
+        region=None,
+        token=None,
+        started_ms=None,
+        preempt_requested_ms=None,
+        checkpoint_region="eu",
+    )
+    decisions = run(regions, [moved, resident, later])
+    assert placed(decisions) == {"flexible[0]": "us", "resident[0]": "eu"}
 
 
 # Scoring.
@@ -799,6 +904,34 @@ def test_scenario__failure_of_a_region__its_tasks_resume_elsewhere_from_checkpoi
     for completion_ms in result.completion_ms.values():
         assert 3 * HOUR_MS + 10 * MINUTE_MS <= completion_ms <= 3 * HOUR_MS + 12 * MINUTE_MS
     assert result.lost_work_gpu_ms == pytest.approx(2 * 2 * 10 * MINUTE_MS)
+
+
+def test_scenario__move_aside__a_job_that_may_run_only_in_one_region_gets_room_there() -> None:
+    trace = _trace(
+        [region("eu", 1), region("us", 1)],
+        [
+            _job("flexible", work_ms=(20 * HOUR_MS,)),  # eu (first by name)
+            _job("short", submitted_ms=1, work_ms=(HOUR_MS,)),  # us, done after an hour
+            # Data residency: eu only. Waits until us frees and flexible moves there.
+            _job("resident", submitted_ms=10 * MINUTE_MS, regions_allow=("eu",)),
+        ],
+    )
+    # Estimates of 20 hours (no run has completed yet to teach them).
+    settings = SimSettings(policy=SchedulerSettings(default_estimate_ms=20 * HOUR_MS))
+    result = simulate(trace, schedule, name="xr", settings=settings)
+    assert result.violations == [] and result.unfinished == []
+    assert result.moves == 1 and result.lost_work_gpu_ms == 0
+    assert result.last_region == {"flexible": "us", "short": "us", "resident": "eu"}
+    # flexible yields 30 s after short ends; resident runs its hour in eu then.
+    assert result.completion_ms["resident"] == pytest.approx(
+        2 * HOUR_MS + 30_000 - 10 * MINUTE_MS, abs=MINUTE_MS
+    )
+    # Moving cost flexible nothing but the yield (no data to move, same speed).
+    assert result.completion_ms["flexible"] == pytest.approx(20 * HOUR_MS + 30_000, abs=MINUTE_MS)
+    # Without moving aside, resident waits for flexible's 20 hours.
+    off = SchedulerSettings(default_estimate_ms=20 * HOUR_MS, move_aside=False)
+    stayed = simulate(trace, schedule, name="xr", settings=SimSettings(policy=off))
+    assert stayed.moves == 0 and stayed.completion_ms["resident"] >= 20 * HOUR_MS
 
 
 def test_scenario__move_up__a_long_job_moves_to_the_faster_region_when_it_frees() -> None:
