@@ -343,7 +343,7 @@ def _table(rows: Iterable[tuple[str, dict[str, float]]]) -> str:
         ("carbon kg", "carbon_kg", "{:,.0f}"),
         ("Jain", "jain", "{:.3f}"),
         ("preempt", "preemptions", "{:.0f}"),
-        ("moves up", "moves", "{:.0f}"),
+        ("moves", "moves", "{:.0f}"),
         ("lost GPU-h", "lost_gpu_h", "{:.1f}"),
         ("unfinished", "unfinished", "{:.0f}"),
         ("policy s", "policy_s", "{:.2f}"),

@@ -12,8 +12,8 @@ function of the same type, such as the baselines in `bench/scheduler.py`):
   simulator's own ledger per region, `xrcore.devices`, like each region's executor) and starts
   running once the input data and the latest checkpoint have moved (`transfer_ms`); a preemption
   stops the attempt (matching token only) and puts the task back to pending (one that moves up
-  keeps its `moving_to` in the view until it is assigned again); a take-back returns an assigned
-  task to pending. A decision that does not fit the simulator's ledger, or breaks a
+  or aside keeps its `moving_to` in the view until it is assigned again); a take-back returns an
+  assigned task to pending. A decision that does not fit the simulator's ledger, or breaks a
   tenant's quota, is refused and counted as a violation, which the tests require to be zero.
 - **Run time** is the task's true work (which the policy never sees) divided by the region's
   speed. The policy sees estimates learned from completed tasks of the same tenant and entrypoint,
@@ -86,7 +86,7 @@ class Result:
     cost_dollars: float
     carbon_kg: float
     preemptions: int  # asked to yield or ended, for a higher priority task or to move up
-    moves: int  # of those, asked to yield to move up to a faster region
+    moves: int  # of those, asked to yield to move (up to a faster region, or aside)
     lost_work_gpu_ms: float  # reference GPU time lost to preemption and failures
     violations: list[str]
     unfinished: list[str]
