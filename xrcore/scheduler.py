@@ -947,7 +947,7 @@ class _Pass:
         ]
         if not open_rooms:
             return
-        budget = settings.move_ups_max - sum(1 for task in self.cluster.tasks if _moving(task))
+        budget = self._moves_left()
         if budget <= 0:
             return
         fastest = max(room.region.speed for room in open_rooms)
@@ -1029,13 +1029,20 @@ class _Pass:
                 )
             )
 
+    def _moves_left(self) -> int:
+        """How many more tasks may be asked to move (up or aside): `move_ups_max` less those
+        moving in the view and those this pass asked."""
+        moving = sum(1 for task in self.cluster.tasks if _moving(task))
+        asked = sum(1 for item in self.decisions.preempts if item.moving_to is not None)
+        return self.settings.move_ups_max - moving - asked
+
     def _move_aside(self) -> None:
         """Asks running tasks that may run elsewhere to move to regions no faster, to
         make room for waiting tasks that may run only where they run (in placement order)."""
         settings = self.settings
         if not settings.move_aside or not self.pinned_waiting:
             return
-        budget = settings.move_ups_max - sum(1 for task in self.cluster.tasks if _moving(task))
+        budget = self._moves_left()
         if budget <= 0 or self.full():
             return
         # Per region, a shape (GPUs, memory, model) that found no movers is not tried again.

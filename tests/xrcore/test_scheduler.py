@@ -633,6 +633,21 @@ def test_move_aside__only_when_the_waiting_task_would_wait_longer_than_the_mover
     assert [move.moving_to for move in run(regions, tasks).preempts] == ["us"]
 
 
+def test_move_aside__comes_before_moving_up_and_shares_its_budget() -> None:
+    regions, tasks = _aside_case()
+    # A long task in ap could move up to fast, which is faster than eu, so no mover aside goes
+    # there.
+    regions += [region("ap", 1), region("fast", 1, speed=2.0)]
+    slow = running("slow", "ap", token=4, started_ms=NOW_MS - HOUR_MS, estimate_ms=10 * HOUR_MS)
+    moves = {item.job_id: item.moving_to for item in run(regions, [*tasks, slow]).preempts}
+    assert moves == {"flexible": "us", "slow": "fast"}
+    one = SchedulerSettings(move_ups_max=1)
+    moves = {
+        item.job_id: item.moving_to for item in run(regions, [*tasks, slow], settings=one).preempts
+    }
+    assert moves == {"flexible": "us"}
+
+
 def test_move_aside__the_region_is_held_until_the_movers_have_left() -> None:
     regions, tasks = _aside_case()
     regions[0] = region("eu", 2)
