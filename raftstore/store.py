@@ -452,26 +452,42 @@ class RaftStore:
         }
 
     async def transfer_leadership(self, address: str, *, timeout_s: float = 5.0) -> None:
+        """Makes the member at `address` the leader, and returns once this member has heard it
+        lead; ClusterUnavailable if that has not happened within `timeout_s`.
+
+        pysyncobj's transfer (Raft's TimeoutNow) only sends the request, and only once the
+        target's log has caught up with the leader's. The target can still fail to take over:
+        it ignores the request while it has lost track of the leader (a pre-vote round after a
+        late heartbeat), and its campaign fails if the leader appended an entry (a lease tick)
+        after the check, in which case an election follows that the old leader may win. So while
+        this member is, or is again, the leader and the target has not taken over within an
+        election timeout, the request is sent again."""
         if address not in self.config.peers:
             raise InvalidArgument(f"{address!r} is not a member of this cluster")
+        if not self.is_leader:
+            raise ClusterUnavailable("only the leader can transfer leadership")
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + timeout_s
+        sent_s: float | None = None
         while True:
-            if not self.is_leader:
-                raise ClusterUnavailable("only the leader can transfer leadership")
-            try:
-                await self._admin(
-                    lambda callback: self.replica.transferLeadership(address, callback)
-                )
+            leader = self.replica._getLeader()
+            if leader is not None and str(leader) == address:
                 return
-            except ClusterUnavailable:
-                # pysyncobj refuses while the target's log is behind the leader's; the leader
-                # keeps appending ticks, so the target catches up between two of them.
-                if loop.time() > deadline_s:
-                    raise ClusterUnavailable(
-                        f"{address} did not catch up with the leader within {timeout_s} s"
-                    ) from None
-                await asyncio.sleep(0.02)
+            now_s = loop.time()
+            if now_s > deadline_s:
+                raise ClusterUnavailable(f"{address} did not take over within {timeout_s} s")
+            resend = sent_s is None or now_s - sent_s > self.config.raft_max_timeout_s
+            if self.is_leader and resend:
+                try:
+                    await self._admin(
+                        lambda callback: self.replica.transferLeadership(address, callback)
+                    )
+                    sent_s = loop.time()
+                except ClusterUnavailable:
+                    # Refused while the target's log is behind the leader's; the leader keeps
+                    # appending ticks, so the target catches up between two of them.
+                    pass
+            await asyncio.sleep(0.02)
 
     async def add_member(self, address: str) -> None:
         """Adds a member. One change at a time: pysyncobj accepts back-to-back changes, which can

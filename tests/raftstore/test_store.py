@@ -317,6 +317,34 @@ def test_transfer_leadership__the_named_member_becomes_leader(tmp_path: Path) ->
     _run(body, _configs(tmp_path))
 
 
+def test_transfer_leadership__is_sent_again_when_the_target_did_not_take_over(
+    tmp_path: Path,
+) -> None:
+    """pysyncobj's transfer only sends Raft's TimeoutNow; a target that misses it (here: drops
+    the first) does not campaign, and the leader sends it again after an election timeout."""
+
+    async def body(stores: list[RaftStore]) -> None:
+        leader = await _leader(stores)
+        target = next(store for store in stores if store is not leader)
+        transport: Any = getattr(target.replica, "_SyncObj__transport")  # noqa: B009
+        receive = transport._onMessageReceivedCallback
+        dropped: list[Any] = []
+
+        def drop_the_first_timeout_now(node: Any, message: Any) -> None:
+            if isinstance(message, dict) and message.get("type") == "timeout_now" and not dropped:
+                dropped.append(message)
+                return
+            receive(node, message)
+
+        transport._onMessageReceivedCallback = drop_the_first_timeout_now
+        await leader.transfer_leadership(target.config.self_address)
+        assert len(dropped) == 1
+        await _eventually(lambda: target.is_leader)
+        assert not leader.is_leader
+
+    _run(body, _configs(tmp_path))
+
+
 def _listening_hosts(port: int) -> set[str]:
     """The local addresses listening on `port` (TCP, IPv4), from /proc/net/tcp."""
     hosts = set()
