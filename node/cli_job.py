@@ -76,6 +76,18 @@ def _json_object(context: click.Context, parameter: click.Parameter, text: str |
     default=0,
     help="Higher runs first [default 0].",
 )
+@click.option(
+    "--cost-weight",
+    type=click.FloatRange(0, 1000),
+    metavar="W",
+    help="How much price counts when placing it (0: not at all) [default: the tenant's].",
+)
+@click.option(
+    "--carbon-weight",
+    type=click.FloatRange(0, 1000),
+    metavar="W",
+    help="How much carbon counts when placing it (0: not at all) [default: the tenant's].",
+)
 @click.option("--wait", is_flag=True, help="Follow the job like `xr job watch` until it finishes.")
 @client_options
 def job_submit(
@@ -86,6 +98,8 @@ def job_submit(
     gpus: int,
     array_size: int,
     priority: int,
+    cost_weight: float | None,
+    carbon_weight: float | None,
     wait: bool,
 ) -> int:
     """Submit a job called NAME and print its id.
@@ -95,6 +109,11 @@ def job_submit(
     """
     if (workload is None) == (entrypoint is None):
         raise click.UsageError("give exactly one of --workload and --entrypoint")
+    weights = {
+        field: value
+        for field, value in (("cost_weight", cost_weight), ("carbon_weight", carbon_weight))
+        if value is not None
+    }
     with connect() as client:
         job_id = client.jobs.submit(
             name,
@@ -104,6 +123,7 @@ def job_submit(
             gpus=gpus,
             array_size=array_size,
             priority=priority,
+            **weights,
         )
         if not wait:
             emit({"job_id": job_id}, job_id)

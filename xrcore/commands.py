@@ -263,9 +263,13 @@ class RegionHeartbeat(Command, frozen=True, tag="region.heartbeat"):
 # Jobs.
 
 
-class JobSpec(WireStruct, frozen=True):
+class JobSpec(WireStruct, frozen=True, omit_defaults=True):
     """What a user asks to run. Exactly one of `entrypoint` (`package.module:function`) and
-    `workload` (a built-in workload name) is set; `args` is a JSON object."""
+    `workload` (a built-in workload name) is set; `args` is a JSON object.
+
+    Fields left at their defaults are not encoded, so a node of an earlier version (which
+    refuses fields it does not know) reads every spec that leaves the newer fields unset: the
+    price and carbon weights (docs/operations.md, "Upgrades")."""
 
     name: str
     tenant: str = "default"
@@ -285,6 +289,10 @@ class JobSpec(WireStruct, frozen=True):
     max_attempts: int = 3
     checkpoint_interval_s: int = 0
     wall_time_limit_s: int = 0
+    # How much this job cares about price and carbon when the scheduler weighs regions, as
+    # `TenantSet`'s weights (0: not at all); None: its tenant's.
+    cost_weight: float | None = None
+    carbon_weight: float | None = None
 
     def validate(self) -> None:
         check_name("name", self.name)
@@ -318,6 +326,8 @@ class JobSpec(WireStruct, frozen=True):
         check_range("max_attempts", self.max_attempts, 1, limits.MAX_ATTEMPTS_MAX)
         check_range("checkpoint_interval_s", self.checkpoint_interval_s, 0, 86_400 * 7)
         check_range("wall_time_limit_s", self.wall_time_limit_s, 0, 86_400 * 365)
+        _check_weight("cost_weight", self.cost_weight)
+        _check_weight("carbon_weight", self.carbon_weight)
 
     def allows(self, region: str) -> bool:
         if region in self.regions_deny:
@@ -372,13 +382,15 @@ class Placement(WireStruct, frozen=True):
         check_text("reason", self.reason, limits.MESSAGE_BYTES_MAX)
 
 
-class Preemption(WireStruct, frozen=True):
+class Preemption(WireStruct, frozen=True, omit_defaults=True):
     """A running attempt that must make way for a higher-priority task. First it is asked to
     yield (its executor checkpoints and stops it, then sends `TaskYield`); with `force`, after
     the grace period, it is ended at once. Either way the task is requeued without counting a
     failure and resumes from its last committed checkpoint. `moving_to`: the task yields to move,
     up to that faster region or aside (for a task that may run only where it runs), and the
-    scheduler holds room for it there until it is placed there (`Task.moving_to`)."""
+    scheduler holds room for it there until it is placed there (`Task.moving_to`). Fields at
+    their defaults are not encoded: a node from before `moving_to` reads preemptions without
+    it."""
 
     job_id: str
     task_index: int
@@ -425,6 +437,12 @@ class SchedulePass(Command, frozen=True, tag="schedule.pass"):
         check_range("decisions", total, 0, limits.SCHEDULE_DECISIONS_MAX)
 
 
+def _check_weight(field: str, value: float | None) -> None:
+    """A price or carbon weight: from 0 to 1000 (a NaN is neither)."""
+    if value is not None and not 0 <= value <= 1_000:
+        raise InvalidArgument(f"{field} must be between 0 and 1000, got {value!r}")
+
+
 class TenantSet(Command, frozen=True, tag="tenant.set"):
     """A tenant's fair-share weight, quotas and how much it cares about price and carbon."""
 
@@ -442,8 +460,7 @@ class TenantSet(Command, frozen=True, tag="tenant.set"):
             ("cost_weight", self.cost_weight),
             ("carbon_weight", self.carbon_weight),
         ):
-            if not 0 <= value <= 1_000:
-                raise InvalidArgument(f"{field} must be between 0 and 1000, got {value!r}")
+            _check_weight(field, value)
         if self.weight <= 0:
             raise InvalidArgument(f"weight must be positive, got {self.weight!r}")
         if self.gpus_max is not None:

@@ -127,6 +127,8 @@ def _task_info(
         token=None if live is None else live.token,
         preempt_requested_ms=None if live is None else live.preempt_requested_ms,
         moving_to=task.moving_to,
+        cost_weight=spec.cost_weight,
+        carbon_weight=spec.carbon_weight,
         eligible=eligible,
         waiting=waiting,
         avoid_region=(

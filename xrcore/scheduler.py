@@ -17,7 +17,8 @@ One pass, in order:
    and memory, gang: all of a task's GPUs in one region), the lowest score, in milliseconds:
    the estimated completion time (moving the input data and the latest checkpoint to the region,
    from size, bandwidth and round-trip time, plus the run time scaled by the region's speed), plus
-   price and carbon converted to time at the tenant's weights, plus a best-fit term that keeps
+   price and carbon converted to time at the job's weights (`cost_weight` and `carbon_weight`
+   in its spec, each defaulting to its tenant's), plus a best-fit term that keeps
    large blocks of devices whole for multi-GPU tasks. Preferred regions come first. A task whose
    last attempt lost its lease avoids that region while another fits. Array tasks each take the
    region where they finish soonest, so siblings fill the fastest regions first and finish
@@ -37,7 +38,7 @@ One pass, in order:
    when a faster region it may use has room the pass left unused and moving there (the input and
    the checkpoint, then the estimated rest of its run at that speed) saves at least
    `move_up_saving_min_ms` and `move_up_saving_fraction` of its estimated rest where it runs,
-   at no higher price and carbon at its tenant's weights; the most time saved per device-hour
+   at no higher price and carbon at its job's weights; the most time saved per device-hour
    taken in the faster region first (its room is what is scarce, and mean completion time
    counts jobs, not GPUs), only after `move_up_min_run_ms` in its attempt, and at most
    `move_ups_max` tasks moving at once. The room is held for the mover (`TaskInfo.moving_to`, in
@@ -48,7 +49,7 @@ One pass, in order:
    elsewhere asked to yield and move (a preemption with `moving_to`, like moving up) to regions
    no faster than theirs (a faster region's room is for moving up) with room the pass left
    unused, when together they free enough for it, each loses at most `move_aside_loss_max_ms`
-   of completion time (moving its data, a slower run) and of price and carbon at its tenant's
+   of completion time (moving its data, a slower run) and of price and carbon at its job's
    weights, and all of them lose less than the waiting task is expected to wait otherwise (from
    running tasks' estimated ends). The smallest tasks go first; only after `move_up_min_run_ms`
    in their attempt, within the same `move_ups_max`. The region is held for the waiting task
@@ -191,6 +192,10 @@ class TaskInfo:
     # Moving up: the faster region a running task was asked to yield for, or a pending task
     # yielded for. Its room there is held for it until it is placed there.
     moving_to: str | None = None
+    # The job's own weights for price and carbon (`TenantInfo.cost_weight`, `carbon_weight`);
+    # None: its tenant's.
+    cost_weight: float | None = None
+    carbon_weight: float | None = None
 
     @property
     def ref(self) -> tuple[str, int]:
@@ -593,7 +598,8 @@ def _price_ms(
     tenant: TenantInfo,
     settings: SchedulerSettings,
 ) -> float:
-    """Price and carbon of `devices` for `run_ms` in `region`, as time at the tenant's weights."""
+    """Price and carbon of `devices` for `run_ms` in `region`, as time at `tenant`'s weights
+    (`_Pass.prefs`: the job's own where it has them)."""
     if not devices:
         return 0.0
     device_hours = devices * run_ms / 3_600_000
@@ -718,6 +724,19 @@ class _Pass:
         self.pinned_waiting: list[tuple[TaskInfo, str]] = []
         self.no_room_only: dict[tuple[object, ...], str | None] = {}
 
+    def prefs(self, task: TaskInfo) -> TenantInfo:
+        """`task`'s tenant, with the job's own price and carbon weights where it has them."""
+        tenant = self.share.tenant(task.tenant)
+        if task.cost_weight is None and task.carbon_weight is None:
+            return tenant
+        return replace(
+            tenant,
+            cost_weight=tenant.cost_weight if task.cost_weight is None else task.cost_weight,
+            carbon_weight=(
+                tenant.carbon_weight if task.carbon_weight is None else task.carbon_weight
+            ),
+        )
+
     def wait(self, task: TaskInfo, reason: str) -> None:
         if self.waiting_noted < self.settings.reasons_max:
             self.decisions.waiting[task.ref] = reason
@@ -822,7 +841,7 @@ class _Pass:
         if task.avoid_region is not None:
             elsewhere = [room for room in fitting if room.region.name != task.avoid_region]
             fitting = elsewhere or fitting
-        tenant = self.share.tenant(task.tenant)
+        tenant = self.prefs(task)
         options = self._options(task, fitting, tenant)
         seen: list[_Option] = []
         for option in options:
@@ -922,7 +941,7 @@ class _Pass:
             room.release(task)  # The hold, taken when the rooms were counted.
             if self.share.over_quota(task) is not None or not room.fits(task):
                 continue
-            option = _score(task, room, self.regions, self.share.tenant(task.tenant), self.settings)
+            option = _score(task, room, self.regions, self.prefs(task), self.settings)
             self._assign(
                 task,
                 option,
@@ -1135,7 +1154,7 @@ class _Pass:
         here_speed = max(here.region.speed, 1e-6)
         rest_ms = self._rest_ms(task, here_speed)
         rest_here_ms = rest_ms / here_speed
-        tenant = self.share.tenant(task.tenant)
+        tenant = self.prefs(task)
         devices = _billed_devices(task, here.region)
         stay_ms = rest_here_ms + _price_ms(here.region, devices, rest_here_ms, tenant, settings)
         # What moving costs: the checkpoint from here, and the input from where it lives.
@@ -1190,7 +1209,7 @@ class _Pass:
         rest_here_ms = rest_ms / max(here.region.speed, 1e-6)
         # What moving costs: the checkpoint from here, and the input from where it lives.
         moved = replace(task, checkpoint_region=here.region.name, estimate_ms=int(rest_ms))
-        tenant = self.share.tenant(task.tenant)
+        tenant = self.prefs(task)
         option = _score(moved, room, self.regions, tenant, settings)
         saving_ms = rest_here_ms - option.finish_ms
         if saving_ms < settings.move_up_saving_min_ms:

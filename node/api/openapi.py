@@ -136,6 +136,22 @@ def _job_spec() -> dict[str, Any]:
         "max_attempts": {"type": "integer", "minimum": 1, "maximum": limits.MAX_ATTEMPTS_MAX},
         "checkpoint_interval_s": {"type": "integer", "minimum": 0, "maximum": 86_400 * 7},
         "wall_time_limit_s": {"type": "integer", "minimum": 0, "maximum": 86_400 * 365},
+        "cost_weight": _nullable(
+            {
+                **NUMBER,
+                "minimum": 0,
+                "maximum": 1000,
+                "description": "How much price counts in placement; null: the tenant's.",
+            }
+        ),
+        "carbon_weight": _nullable(
+            {
+                **NUMBER,
+                "minimum": 0,
+                "maximum": 1000,
+                "description": "How much carbon counts in placement; null: the tenant's.",
+            }
+        ),
     }
     for item in msgspec.structs.fields(JobSpec):
         if item.name in fields and item.default is not msgspec.NODEFAULT:

@@ -48,6 +48,15 @@ def test_submit_then_get__shows_the_pending_job_and_its_tasks(api: ApiNode) -> N
     assert [task["state"] for task in job.document["tasks"]] == ["pending", "pending"]
 
 
+def test_submit__with_its_own_price_and_carbon_weights__stores_them(api: ApiNode) -> None:
+    job_id = _submit(api, "jobs-weights", cost_weight=0, carbon_weight=2.5)
+    spec = api.store.replica.read(lambda machine: machine.jobs[job_id].spec)
+    assert (spec.cost_weight, spec.carbon_weight) == (0.0, 2.5)
+    unset = _submit(api, "jobs-no-weights")
+    spec = api.store.replica.read(lambda machine: machine.jobs[unset].spec)
+    assert (spec.cost_weight, spec.carbon_weight) == (None, None)
+
+
 def test_list__filters_by_state_and_pages_in_submission_order(api: ApiNode) -> None:
     kept = [_submit(api, f"jobs-list-{position}") for position in range(3)]
     cancelled = _submit(api, "jobs-list-cancelled")
@@ -137,3 +146,10 @@ def test_submit__with_an_invalid_spec__is_400_naming_the_problem(api: ApiNode) -
     )
     assert wrong_type.status == 400
     assert "gpus" in wrong_type.document["error"]["message"]
+
+    for weights in ({"cost_weight": -1}, {"carbon_weight": 1001}, {"cost_weight": "low"}):
+        bad_weight = api.request(
+            "POST", "/v1/jobs", json={"name": "jobs-bad", "workload": "w", **weights}
+        )
+        assert (bad_weight.status, bad_weight.error_code) == (400, "request.invalid")
+        assert next(iter(weights)) in bad_weight.document["error"]["message"]

@@ -516,6 +516,38 @@ def test_lock_run__a_lost_lock_stops_the_command(
             holder.wait()
 
 
+def test_job_submit__price_and_carbon_weights_go_in_the_spec_only_when_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    submitted: list[dict[str, Any]] = []
+
+    class Jobs:
+        def submit(self, name: str, **fields: Any) -> str:
+            submitted.append({"name": name, **fields})
+            return "job-1"
+
+    class Client:
+        jobs = Jobs()
+
+    @contextlib.contextmanager
+    def connect() -> Iterator[Client]:
+        yield Client()
+
+    monkeypatch.setattr("node.cli_job.connect", connect)
+    runner = CliRunner()
+    base = ["job", "submit", "green", "--workload", "gemm"]
+    given = runner.invoke(xr, [*base, "--cost-weight", "0", "--carbon-weight", "2.5"])
+    assert (given.exit_code, given.output) == (0, "job-1\n")
+    assert (submitted[-1]["cost_weight"], submitted[-1]["carbon_weight"]) == (0.0, 2.5)
+    assert runner.invoke(xr, base).exit_code == 0
+    assert "cost_weight" not in submitted[-1] and "carbon_weight" not in submitted[-1]
+    for option, value in (("--cost-weight", "-1"), ("--carbon-weight", "1001")):
+        refused = runner.invoke(xr, [*base, option, value])
+        assert refused.exit_code == 2 and option in refused.output
+        assert refused.exception is None or isinstance(refused.exception, SystemExit)
+    assert len(submitted) == 2
+
+
 def test_job__submit_ls_show_cancel_watch_logs(run: Callable[..., Ran]) -> None:
     submitted = run(
         "job",

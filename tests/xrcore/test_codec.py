@@ -82,6 +82,11 @@ from xrcore.errors import CodecError, InvalidArgument, PayloadTooLarge, Unsuppor
 from xrcore.model import Snapshot
 
 GOLDEN_PATH = Path(__file__).parent / "fixtures" / "golden_envelopes.json"
+# The bytes of the examples whose encoding changed when fields at their defaults were left out
+# (JobSpec and Preemption): written by earlier versions, still in logs and snapshots.
+GOLDEN_WITH_DEFAULTS_PATH = (
+    Path(__file__).parent / "fixtures" / "golden_envelopes_with_defaults.json"
+)
 REGENERATE_VARIABLE = "XR_REGENERATE_GOLDEN"
 REGENERATE_COMMAND = (
     f"{REGENERATE_VARIABLE}=1 .venv/bin/pytest tests/xrcore/test_codec.py -k golden"
@@ -185,6 +190,9 @@ EXAMPLES: dict[str, Envelope] = {
     ),
     "job.submit": _envelope(JobSubmit(spec=FULL_JOB_SPEC), seq=8),
     "job.submit.workload": _envelope(JobSubmit(spec=JobSpec(name="bench", workload="matmul"))),
+    "job.submit.weights": _envelope(
+        JobSubmit(spec=JobSpec(name="green", workload="matmul", cost_weight=0.0, carbon_weight=2.5))
+    ),
     "job.cancel": _envelope(JobCancel(job_id=JOB_ID, reason="superseded"), seq=9),
     "task.assign": _envelope(TaskAssign(job_id=JOB_ID, task_index=1, region=REGION)),
     "task.unassign": _envelope(TaskUnassign(job_id=JOB_ID, task_index=1)),
@@ -334,6 +342,26 @@ def test_golden__encode_gives_the_stored_bytes(golden_hex: dict[str, str], name:
 @pytest.mark.parametrize("name", EXAMPLE_NAMES)
 def test_golden__stored_bytes_decode_to_the_example(golden_hex: dict[str, str], name: str) -> None:
     assert decode(_stored_bytes(golden_hex, name)) == EXAMPLES[name]
+
+
+@pytest.mark.parametrize("name", sorted(json.loads(GOLDEN_WITH_DEFAULTS_PATH.read_text())))
+def test_golden__bytes_written_with_every_default_still_decode_to_the_example(name: str) -> None:
+    stored = json.loads(GOLDEN_WITH_DEFAULTS_PATH.read_text())[name]
+    assert decode(bytes.fromhex(stored)) == EXAMPLES[name]
+
+
+def test_fields_left_at_their_defaults_are_not_on_the_wire() -> None:
+    """A node of an earlier version refuses fields it does not know; it reads a job spec that
+    leaves the price and carbon weights unset, and a preemption without `moving_to`."""
+    spec = _unpack(encode(EXAMPLES["job.submit.workload"]))["command"]["spec"]
+    assert spec == {"name": "bench", "workload": "matmul"}
+    weighted = _unpack(encode(EXAMPLES["job.submit.weights"]))["command"]["spec"]
+    assert (weighted["cost_weight"], weighted["carbon_weight"]) == (0.0, 2.5)
+    preempts = _unpack(encode(EXAMPLES["schedule.pass"]))["command"]["preempts"]
+    assert all("moving_to" not in item for item in preempts)
+    assert preempts[0] == {"job_id": JOB_ID, "task_index": 2, "token": 9, "reason": "priority"}
+    moving = _unpack(encode(EXAMPLES["schedule.pass.move_up"]))["command"]["preempts"]
+    assert all("moving_to" in item for item in moving)
 
 
 def test_golden__envelope_is_the_documented_map() -> None:

@@ -346,6 +346,30 @@ def test_regions_without_gpus_are_chosen_by_price_and_carbon_too() -> None:
     assert _apply_all(driver) == [(job_id, 0, "b-cheap")]
 
 
+def test_a_jobs_own_price_and_carbon_weights_reach_the_policy() -> None:
+    """A job that weighs neither price nor carbon sees two regions of equal speed and load as
+    equal, and takes the first by name; its spec's weights are in the policy's view."""
+    driver = Driver()
+    for name, price, carbon in (("a-dear", 4.0, 600.0), ("b-cheap", 1.0, 50.0)):
+        driver.ok(
+            RegionRegister(
+                name=name,
+                http_address="h:1",
+                raft_address=f"{name}:1",
+                cpu_slots=2,
+                price_per_gpu_hour=price,
+                carbon_g_per_kwh=carbon,
+            )
+        )
+        driver.ok(RegionHeartbeat(name=name))
+    careless = _submit(driver, "careless", cost_weight=0.0, carbon_weight=0.0)
+    default = _submit(driver, "default")
+    view = {task.job_id: task for task in cluster_view(driver.machine, PlacementSettings()).tasks}
+    assert (view[careless].cost_weight, view[careless].carbon_weight) == (0.0, 0.0)
+    assert (view[default].cost_weight, view[default].carbon_weight) == (None, None)
+    assert _apply_all(driver) == [(careless, 0, "a-dear"), (default, 0, "b-cheap")]
+
+
 def _slow_task_beside_a_free_fast_region(driver: Driver) -> tuple[str, int]:
     """Region a (speed 1, one slot) runs a long task; region b (speed 2, one slot) is free.
     Returns the task's job and token."""

@@ -270,6 +270,43 @@ def test_choice__price_and_carbon_break_near_ties_at_the_tenants_weights() -> No
     assert placed(run(regions, [task("j", tenant="t")], tenants)) == {"j[0]": "a-dirty"}
 
 
+def test_choice__a_jobs_own_price_and_carbon_weights_override_its_tenants() -> None:
+    # An hour's work: 30 min in fast at $20 per GPU-hour ($10, worth 100 min at 600 s per
+    # dollar), or 60 min in cheap at $1 (10 min): the tenant's weight of 1 picks cheap.
+    regions = [region("fast", 4, speed=2.0, price=20.0), region("cheap", 4, price=1.0)]
+    assert placed(run(regions, [task("j")])) == {"j[0]": "cheap"}
+    # A job that does not care about price takes the faster region, whatever its tenant says.
+    assert placed(run(regions, [task("j", cost_weight=0.0)])) == {"j[0]": "fast"}
+    # A tenant that does not care, with a job that does: cheap.
+    tenants = {"t": TenantInfo(name="t", cost_weight=0.0)}
+    assert placed(run(regions, [task("j", tenant="t")], tenants)) == {"j[0]": "fast"}
+    assert placed(run(regions, [task("j", tenant="t", cost_weight=1.0)], tenants)) == {
+        "j[0]": "cheap"
+    }
+    # Carbon the same way, for a tenant that weighs it 20 times: 0.49 kg per GPU-hour in
+    # dirty (700 g/kWh at 0.7 kW) for 30 min is worth 49 min, 0.014 kg in clean 3 min.
+    green = {"g": TenantInfo(name="g", carbon_weight=20.0)}
+    regions = [region("fast", 4, speed=2.0, carbon=700.0), region("clean", 4, carbon=20.0)]
+    assert placed(run(regions, [task("j", tenant="g")], green)) == {"j[0]": "clean"}
+    assert placed(run(regions, [task("j", tenant="g", carbon_weight=0.0)], green)) == {
+        "j[0]": "fast"
+    }
+    # A weight the job leaves unset is its tenant's: price still counts here.
+    dear = [
+        replace(item, price_per_gpu_hour=20.0) if item.name == "fast" else item for item in regions
+    ]
+    assert placed(run(dear, [task("j", tenant="g", carbon_weight=0.0)], green)) == {"j[0]": "clean"}
+
+
+def test_move_up__at_no_higher_price_at_the_jobs_own_weights() -> None:
+    regions, tasks = _move_up_case(10 * HOUR_MS)
+    # b at $20 more per GPU-hour for the 4.5 hours there: worth 15 hours, more than it saves.
+    regions[1] = replace(regions[1], price_per_gpu_hour=20.0)
+    assert run(regions, tasks).preempts == []
+    [move] = run(regions, [replace(tasks[0], cost_weight=0.0)]).preempts
+    assert move.moving_to == "b"
+
+
 def test_choice__a_preferred_region_wins_over_any_other_that_fits() -> None:
     regions = [region("fast", 4, speed=4.0), region("slow", 4, speed=1.0, price=9.0)]
     decisions = run(regions, [task("j", regions_prefer=("slow",))])
