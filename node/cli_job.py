@@ -24,7 +24,7 @@ from xrcore.limits import ARRAY_SIZE_MAX, GPUS_PER_TASK_MAX, PRIORITY_MAX, PRIOR
 from xrcore.model import TaskState
 
 if TYPE_CHECKING:
-    from xrcore.client import Client, Job, JobSummary
+    from xrcore.client import Client, Job, JobSummary, SubmittedSpec
 
 __all__ = ["job"]
 
@@ -201,6 +201,7 @@ def job_show(job_id: str) -> int:
                     ("submitted", format_time_ms(found.submitted_at_ms)),
                     ("tasks", found.array_size),
                     ("cancel reason", found.cancel_reason or None),
+                    *([] if found.spec is None else _asks(found.spec)),
                 ]
             )
         )
@@ -229,6 +230,51 @@ def job_show(job_id: str) -> int:
 
     emit(found, human)
     return 0
+
+
+def _asks(spec: SubmittedSpec) -> list[tuple[str, Any]]:
+    """What the job asked of the scheduler, for `xr job show`: its run, each task's devices,
+    where it may run and how much price and carbon count."""
+    devices = "a CPU slot"
+    if spec.gpus:
+        devices = f"{spec.gpus} GPU{'s' if spec.gpus > 1 else ''}"
+    elif spec.gpu_memory_mb:
+        devices = "a share of one GPU"
+    details = [
+        f"{spec.gpu_memory_mb} MB{' each' if spec.gpus > 1 else ''}"
+        if spec.gpu_memory_mb
+        else None,
+        spec.gpu_model,
+    ]
+    shown = ", ".join(item for item in details if item)
+    regions = "; ".join(
+        f"{label} {', '.join(names)}"
+        for label, names in (
+            ("only", spec.regions_allow),
+            ("not", spec.regions_deny),
+            ("preferring", spec.regions_prefer),
+        )
+        if names
+    )
+    data = None
+    if spec.input_size_mb:
+        data = f"{spec.input_size_mb} MB" + (
+            f" in {spec.input_region}" if spec.input_region else ""
+        )
+
+    def weight(value: float | None) -> str:
+        return "the tenant's" if value is None else f"{value:g}"
+
+    return [
+        ("runs", spec.workload or spec.entrypoint),
+        ("each task needs", devices + (f" ({shown})" if shown else "")),
+        ("regions", regions or "any"),
+        ("input data", data or "none"),
+        (
+            "weights",
+            f"price {weight(spec.cost_weight)}, carbon {weight(spec.carbon_weight)}",
+        ),
+    ]
 
 
 @job.command("cancel")

@@ -11,12 +11,14 @@ committed checkpoint, so the next attempt resumes from there.
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from xrcore._validate import check_page_limit
 from xrcore.commands import (
     JobCancel,
+    JobSpec,
     JobSubmit,
     SchedulePass,
     TaskAssign,
@@ -524,6 +526,17 @@ def _task_view(task: Task) -> dict[str, Any]:
     }
 
 
+def _spec_view(spec: JobSpec) -> dict[str, Any]:
+    """The job's spec as it was submitted: every field, the defaults included, `args` as an
+    object."""
+    view: dict[str, Any] = {}
+    for name in spec.__struct_fields__:
+        value = getattr(spec, name)
+        view[name] = list(value) if isinstance(value, tuple) else value
+    view["args"] = json.loads(spec.args)
+    return view
+
+
 def _job_view(job: Job, *, with_tasks: bool) -> dict[str, Any]:
     view: dict[str, Any] = {
         "job_id": job.job_id,
@@ -536,6 +549,7 @@ def _job_view(job: Job, *, with_tasks: bool) -> dict[str, Any]:
         "cancel_reason": job.cancel_reason,
     }
     if with_tasks:
+        view["spec"] = _spec_view(job.spec)
         view["tasks"] = [_task_view(task) for task in job.tasks]
     return view
 

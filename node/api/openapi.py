@@ -99,7 +99,7 @@ VALUE_BASE64 = {
 }
 
 
-def _job_spec() -> dict[str, Any]:
+def _job_spec_fields() -> dict[str, dict[str, Any]]:
     """The fields of `xrcore.commands.JobSpec` but the tenant (the caller's), with the bounds
     `JobSpec.validate` checks and the defaults the struct declares."""
     names = _list(NAME, maxItems=limits.LIST_ITEMS_MAX, uniqueItems=True)
@@ -160,12 +160,25 @@ def _job_spec() -> dict[str, Any]:
                 **fields[item.name],
                 "default": list(default) if isinstance(default, tuple) else default,
             }
+    return fields
+
+
+def _job_spec() -> dict[str, Any]:
     return _object(
-        fields,
+        _job_spec_fields(),
         required=("name",),
         closed=True,
         description="A job to run; it belongs to the caller's tenant. Exactly one of "
         "entrypoint and workload is set.",
+    )
+
+
+def _submitted_spec() -> dict[str, Any]:
+    fields = _job_spec_fields()
+    fields["args"] = {"type": "object", "description": "The job's arguments."}
+    return _object(
+        {**fields, "tenant": NAME},
+        description="The job's spec as it was submitted: every field, the defaults included.",
     )
 
 
@@ -491,6 +504,7 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
         ),
         # Jobs.
         "JobSpec": _job_spec(),
+        "SubmittedSpec": _submitted_spec(),
         "JobSubmitted": _object({"job_id": TEXT, "tasks": INTEGER}),
         "JobSummary": _object(_JOB_SUMMARY),
         "JobPage": _object(
@@ -541,8 +555,13 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
             }
         ),
         "Job": _object(
-            {**_JOB_SUMMARY, "tasks": _list(_ref("Task")), "stale": STALE},
-            required=(*_JOB_SUMMARY, "tasks"),
+            {
+                **_JOB_SUMMARY,
+                "spec": _ref("SubmittedSpec"),
+                "tasks": _list(_ref("Task")),
+                "stale": STALE,
+            },
+            required=(*_JOB_SUMMARY, "spec", "tasks"),
         ),
         "JobCancel": _object(
             {"reason": {"type": "string", "maxLength": limits.MESSAGE_BYTES_MAX}},

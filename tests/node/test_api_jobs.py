@@ -48,13 +48,20 @@ def test_submit_then_get__shows_the_pending_job_and_its_tasks(api: ApiNode) -> N
     assert [task["state"] for task in job.document["tasks"]] == ["pending", "pending"]
 
 
-def test_submit__with_its_own_price_and_carbon_weights__stores_them(api: ApiNode) -> None:
-    job_id = _submit(api, "jobs-weights", cost_weight=0, carbon_weight=2.5)
-    spec = api.store.replica.read(lambda machine: machine.jobs[job_id].spec)
-    assert (spec.cost_weight, spec.carbon_weight) == (0.0, 2.5)
-    unset = _submit(api, "jobs-no-weights")
-    spec = api.store.replica.read(lambda machine: machine.jobs[unset].spec)
-    assert (spec.cost_weight, spec.carbon_weight) == (None, None)
+def test_get__shows_the_spec_as_submitted_with_its_defaults(api: ApiNode) -> None:
+    job_id = _submit(
+        api, "jobs-spec", cost_weight=0, carbon_weight=2.5, args={"seconds": 1}, gpus=0
+    )
+    spec = api.ok("GET", f"/v1/jobs/{job_id}")["spec"]
+    assert (spec["cost_weight"], spec["carbon_weight"]) == (0.0, 2.5)
+    assert (spec["name"], spec["tenant"], spec["workload"]) == ("jobs-spec", "alpha", "sleep")
+    assert spec["args"] == {"seconds": 1} and spec["regions_allow"] == []
+    assert (spec["max_attempts"], spec["entrypoint"]) == (3, None)
+    unset = api.ok("GET", f"/v1/jobs/{_submit(api, 'jobs-no-weights')}")["spec"]
+    assert (unset["cost_weight"], unset["carbon_weight"], unset["args"]) == (None, None, {})
+    # The list shows summaries only.
+    listed = api.ok("GET", "/v1/jobs?limit=1")["items"][0]
+    assert "spec" not in listed
 
 
 def test_list__filters_by_state_and_pages_in_submission_order(api: ApiNode) -> None:

@@ -564,6 +564,25 @@ def test_job__submit_ls_show_cancel_watch_logs(run: Callable[..., Ran]) -> None:
     assert job_id in run("job", "ls").out
     shown = run("job", "show", job_id, "--json").json()
     assert shown["name"] == "cli-train" and len(shown["tasks"]) == 1
+    assert shown["spec"]["entrypoint"] == "tests.node.executor.fake_jobs:run_until_stopped"
+    assert (shown["spec"]["cost_weight"], shown["spec"]["gpus"]) == (None, 0)
+    human = run("job", "show", job_id).out
+    assert "weights:" in human and "price the tenant's, carbon the tenant's" in human
+    green = run(
+        "job",
+        "submit",
+        "cli-green",
+        "--entrypoint",
+        "pkg.mod:fn",
+        "--gpus",
+        "2",
+        "--cost-weight",
+        "0",
+        "--carbon-weight",
+        "2.5",
+    ).out.strip()
+    human = run("job", "show", green).out
+    assert "price 0, carbon 2.5" in human and "2 GPUs" in human and "pkg.mod:fn" in human
     hello = run(
         "job", "submit", "cli-hello", "--entrypoint", "tests.node.executor.fake_jobs:succeed"
     ).out.strip()

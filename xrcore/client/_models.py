@@ -34,6 +34,7 @@ __all__ = [
     "Region",
     "RegionGpu",
     "SessionInfo",
+    "SubmittedSpec",
     "Task",
     "Tenant",
     "TokenValidation",
@@ -241,7 +242,35 @@ class JobSummary(msgspec.Struct, frozen=True, kw_only=True):
         return self.state in ("succeeded", "failed", "cancelled")
 
 
+class SubmittedSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """The spec a job was submitted with (`client.jobs.submit`'s fields), defaults included."""
+
+    name: str
+    tenant: str
+    entrypoint: str | None = None
+    workload: str | None = None
+    args: dict[str, Any] = {}
+    gpus: int = 0
+    gpu_memory_mb: int = 0
+    gpu_model: str | None = None
+    array_size: int = 1
+    priority: int = 0
+    regions_allow: tuple[str, ...] = ()
+    regions_deny: tuple[str, ...] = ()
+    regions_prefer: tuple[str, ...] = ()
+    input_size_mb: int = 0
+    input_region: str | None = None
+    max_attempts: int = 3
+    checkpoint_interval_s: int = 0
+    wall_time_limit_s: int = 0
+    # How much price and carbon count when placing it; None: its tenant's weights.
+    cost_weight: float | None = None
+    carbon_weight: float | None = None
+
+
 class Job(JobSummary, frozen=True, kw_only=True):
+    # None from a node of a version that did not show it.
+    spec: SubmittedSpec | None = None
     tasks: tuple[Task, ...] = ()
 
 
