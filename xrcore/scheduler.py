@@ -646,6 +646,16 @@ def _score(
     return _Option(score, room, finish_ms, moving_ms, run_ms, devices)
 
 
+def _own_weights(task: TaskInfo) -> str:
+    """The job's own price and carbon weights, for a reason; empty when it uses its tenant's."""
+    own = [
+        f"{name} weight {value:g}"
+        for name, value in (("price", task.cost_weight), ("carbon", task.carbon_weight))
+        if value is not None
+    ]
+    return f" (the job's {' and '.join(own)})" if own else ""
+
+
 def _time_text(time_ms: float) -> str:
     """An absolute time, so a reason stays the same from pass to pass while nothing changes."""
     return utc_text(time_ms)
@@ -857,7 +867,8 @@ class _Pass:
             self._assign(
                 task,
                 option,
-                f"{option.room.region.name}: {option.explain(self.settings)}{runner_up}",
+                f"{option.room.region.name}: {option.explain(self.settings)}{runner_up}"
+                f"{_own_weights(task)}",
             )
             return True
         if fitting:

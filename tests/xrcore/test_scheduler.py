@@ -276,7 +276,11 @@ def test_choice__a_jobs_own_price_and_carbon_weights_override_its_tenants() -> N
     regions = [region("fast", 4, speed=2.0, price=20.0), region("cheap", 4, price=1.0)]
     assert placed(run(regions, [task("j")])) == {"j[0]": "cheap"}
     # A job that does not care about price takes the faster region, whatever its tenant says.
-    assert placed(run(regions, [task("j", cost_weight=0.0)])) == {"j[0]": "fast"}
+    decisions = run(regions, [task("j", cost_weight=0.0)])
+    assert placed(decisions) == {"j[0]": "fast"}
+    # The reason names the job's own weight, which a tenant's listing would not show.
+    assert decisions.assigns[0].reason.endswith(" (the job's price weight 0)")
+    assert "weight" not in run(regions, [task("j")]).assigns[0].reason
     # A tenant that does not care, with a job that does: cheap.
     tenants = {"t": TenantInfo(name="t", cost_weight=0.0)}
     assert placed(run(regions, [task("j", tenant="t")], tenants)) == {"j[0]": "fast"}
