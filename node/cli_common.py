@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import os
 import time
 import tomllib
@@ -70,6 +71,17 @@ _TLS_KEYS = ("ca_file", "cert_file", "key_file")
 _CONFIG_KEYS = frozenset({"endpoints", "token", "token_file", "timeout_s", *_TLS_KEYS})
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's `FloatRange` that also refuses NaN, which compares false with any bound and so
+    passes it (and JSON would carry it as null)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
 
 
 class CommandFailed(Exception):
@@ -186,7 +198,7 @@ _OPTIONS: list[Callable[[F], F]] = [
         "--timeout",
         "timeout_s",
         metavar="SECONDS",
-        type=click.FloatRange(min=0, min_open=True),
+        type=FiniteFloatRange(min=0, min_open=True),
         expose_value=False,
         callback=_remember("timeout_s"),
         help=f"Seconds to wait for each request [default {DEFAULT_TIMEOUT_S:g}].",

@@ -10,6 +10,7 @@ import click
 
 from node.cli_common import (
     CommandFailed,
+    FiniteFloatRange,
     client_options,
     connect,
     emit,
@@ -78,13 +79,13 @@ def _json_object(context: click.Context, parameter: click.Parameter, text: str |
 )
 @click.option(
     "--cost-weight",
-    type=click.FloatRange(0, 1000),
+    type=FiniteFloatRange(0, 1000),
     metavar="W",
     help="How much price counts when placing it (0: not at all) [default: the tenant's].",
 )
 @click.option(
     "--carbon-weight",
-    type=click.FloatRange(0, 1000),
+    type=FiniteFloatRange(0, 1000),
     metavar="W",
     help="How much carbon counts when placing it (0: not at all) [default: the tenant's].",
 )

@@ -25,6 +25,7 @@ import click
 from node.cli_common import (
     EXIT_INDEFINITE,
     CommandFailed,
+    FiniteFloatRange,
     client_options,
     connect,
     emit,
@@ -58,7 +59,7 @@ def _ttl_option(*, default_s: float, meaning: str) -> Callable[[F], F]:
     return click.option(
         "--ttl",
         "ttl_s",
-        type=click.FloatRange(1.0, 3600.0),
+        type=FiniteFloatRange(1.0, 3600.0),
         default=default_s,
         show_default=True,
         metavar="SECONDS",
@@ -69,7 +70,7 @@ def _ttl_option(*, default_s: float, meaning: str) -> Callable[[F], F]:
 _wait_option = click.option(
     "--wait",
     "wait_s",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=0.0,
     show_default=True,
     metavar="SECONDS",
@@ -171,7 +172,7 @@ def lock_show(name: str) -> int:
 @click.option(
     "--grace",
     "grace_s",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=GRACE_S_DEFAULT,
     show_default=True,
     metavar="SECONDS",
@@ -351,7 +352,7 @@ def session() -> None:
 @click.option(
     "--ttl",
     "ttl_s",
-    type=click.FloatRange(1.0, 3600.0),
+    type=FiniteFloatRange(1.0, 3600.0),
     default=60.0,
     show_default=True,
     metavar="SECONDS",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from node.cli_common import EXIT_USAGE, CommandFailed
+from node.cli_common import EXIT_USAGE, CommandFailed, FiniteFloatRange
 
 if TYPE_CHECKING:
     from node.config import NodeConfig
@@ -73,7 +73,7 @@ def _set_option(*, meaning: str) -> Callable[[F], F]:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=10),
+    type=FiniteFloatRange(min=10),
     default=600.0,
     show_default=True,
     help="Seconds the jobs may take before the demo gives up.",
@@ -297,7 +297,7 @@ def _region_names(
 @click.option(
     "--start-timeout",
     "start_timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=60.0,
     show_default=True,
     metavar="SECONDS",

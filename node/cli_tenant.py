@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from node.cli_common import client_options, connect, emit, table, to_document
+from node.cli_common import (
+    FiniteFloatRange,
+    client_options,
+    connect,
+    emit,
+    table,
+    to_document,
+)
 
 __all__ = ["tenant"]
 
@@ -48,7 +55,7 @@ def tenant_list() -> int:
 @click.argument("name")
 @click.option(
     "--weight",
-    type=click.FloatRange(min=0, min_open=True, max=1000),
+    type=FiniteFloatRange(min=0, min_open=True, max=1000),
     default=1.0,
     show_default=True,
     help="Fair-share weight: a tenant with 2 gets twice the share.",
@@ -67,14 +74,14 @@ def tenant_list() -> int:
 )
 @click.option(
     "--cost-weight",
-    type=click.FloatRange(min=0, max=1000),
+    type=FiniteFloatRange(min=0, max=1000),
     default=1.0,
     show_default=True,
     help="How much price counts against completion time.",
 )
 @click.option(
     "--carbon-weight",
-    type=click.FloatRange(min=0, max=1000),
+    type=FiniteFloatRange(min=0, max=1000),
     default=1.0,
     show_default=True,
     help="How much carbon counts against completion time.",

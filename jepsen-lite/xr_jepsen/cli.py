@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from node.cli_common import FiniteFloatRange
 from xr_jepsen.nemesis import NEMESES
 from xr_jepsen.workloads import WORKLOADS
 
@@ -59,7 +60,7 @@ def cli() -> None:
 @click.option("--workload", type=click.Choice(WORKLOADS), required=True)
 @click.option("--nemesis", type=click.Choice(NEMESES), default="none", show_default=True)
 @click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True)
-@click.option("--time", "time_s", type=click.FloatRange(1, 3600), default=30, show_default=True)
+@click.option("--time", "time_s", type=FiniteFloatRange(1, 3600), default=30, show_default=True)
 @click.option("--seed", type=int, default=None, help="default: drawn, and printed")
 @click.option("--dir", "run_dir", type=click.Path(path_type=Path), default=None)
 @click.option(
@@ -148,7 +149,7 @@ def report(run_dir: Path) -> None:
     "--nemeses", default=",".join(name for name in NEMESES if name != "none"), show_default=True
 )
 @click.option("--nodes", type=click.IntRange(1, 9), default=5, show_default=True)
-@click.option("--time", "time_s", type=click.FloatRange(1, 3600), default=60, show_default=True)
+@click.option("--time", "time_s", type=FiniteFloatRange(1, 3600), default=60, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--dir", "runs_dir", type=click.Path(path_type=Path), default=None)
 def matrix(

@@ -29,7 +29,7 @@ import pytest
 from click.testing import CliRunner
 
 from node.cli import main, xr
-from node.cli_common import ClientOptions, resolve_settings, table
+from node.cli_common import ClientOptions, FiniteFloatRange, resolve_settings, table
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +61,35 @@ def test_help__every_command_has_help_text(path: tuple[str, ...]) -> None:
     command = dict(ALL_COMMANDS)[path]
     assert command.help and command.help.strip(), f"xr {' '.join(path)} has no help text"
     assert f"Usage: xr {' '.join(path)}" in result.output
+
+
+def test_options__every_float_option_refuses_nan() -> None:
+    """click's FloatRange lets NaN through (it compares false with any bound), and the client
+    would send it as JSON null: every float option of xr and xr-jepsen uses FiniteFloatRange."""
+    from xr_jepsen.cli import cli as jepsen
+
+    floats = [
+        (path, parameter.name)
+        for group in (xr, jepsen)
+        for path, command in _all_commands(group)
+        for parameter in command.params
+        if isinstance(parameter.type, click.FloatRange)
+    ]
+    assert len(floats) >= 10
+    assert all(
+        type(parameter.type) is FiniteFloatRange
+        for group in (xr, jepsen)
+        for _, command in _all_commands(group)
+        for parameter in command.params
+        if isinstance(parameter.type, click.FloatRange)
+    ), floats
+    for arguments in (
+        ["job", "submit", "j", "--workload", "w", "--cost-weight", "nan"],
+        ["tenant", "set", "t", "--weight", "NaN"],
+        ["kv", "get", "k", "--timeout", "nan"],
+    ):
+        refused = CliRunner().invoke(xr, arguments)
+        assert refused.exit_code == 2 and "is not a number" in refused.output, arguments
 
 
 def test_help__client_commands_take_the_connection_options() -> None:
