@@ -366,3 +366,25 @@ def test_closing_a_client__ends_a_watch_another_thread_is_blocked_in(fakes: Fake
     thread.join(10)
     assert not thread.is_alive(), "the watching thread is stuck after close()"
     assert outcome and isinstance(outcome[0], RuntimeError), outcome
+
+
+def test_non_finite_numbers__are_refused_before_anything_is_sent(fakes: FakeNodes) -> None:
+    """JSON has no NaN or infinity, and the encoder would send null, which the API reads as "not
+    given": a NaN weight would quietly become the tenant's."""
+    node = fakes.add(
+        {"POST /v1/jobs": [Reply(status=201, document={"job_id": "job-1", "tasks": 1})]}
+    )
+
+    async def scenario() -> None:
+        async with AsyncClient([node.url], timeout_s=5) as client:
+            with pytest.raises(ValueError, match=r"body\.cost_weight: nan is not a finite"):
+                await client.jobs.submit("j", workload="w", cost_weight=float("nan"))
+            with pytest.raises(ValueError, match=r"body\.args\.lr: inf is not a finite"):
+                await client.jobs.submit("j", workload="w", args={"lr": float("inf")})
+            assert await client.jobs.submit("j", workload="w", cost_weight=0.5) == "job-1"
+
+    run(scenario)
+    assert len(node.requests("POST /v1/jobs")) == 1
+    for timeout_s in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+            AsyncClient([node.url], timeout_s=timeout_s)

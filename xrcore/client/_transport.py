@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import secrets
 import ssl
@@ -142,8 +143,8 @@ class Transport:
         listed = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not listed:
             raise ValueError("give at least one endpoint")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if not timeout_s > 0 or math.isinf(timeout_s):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
         self.endpoints: tuple[str, ...] = tuple(normalize_endpoint(item) for item in listed)
         self.timeout_s = timeout_s
         self.client_id = client_id or f"client-{secrets.token_hex(8)}"
@@ -210,6 +211,10 @@ class Transport:
         """The decoded answer of `method path`, following the rules in the module docstring.
         `path` is already percent-encoded. `wait_s` makes the call a long poll: the deadline grows
         by it, and each try sends the wait that is left as `wait_s` in the query or the body."""
+        if timeout_s is not None and (not timeout_s > 0 or math.isinf(timeout_s)):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
+        if body is not None:
+            _check_finite(body, "body")
         loop = asyncio.get_running_loop()
         own_timeout_s = self.timeout_s if timeout_s is None else timeout_s
         started_s = loop.time()
@@ -374,6 +379,19 @@ def _server_error(status: int, document: Any) -> XrError:
     if isinstance(info, dict) and isinstance(info.get("code"), str):
         return error_from_code(info["code"], str(info.get("message", "")))
     return XrError(f"HTTP {status} without an xr error in the answer")
+
+
+def _check_finite(value: Any, where: str) -> None:
+    """Refuses a NaN or infinite number in a request body: JSON has neither, and the encoder
+    would send null, which the API takes as "not given"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value!r} is not a finite number")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for position, item in enumerate(value):
+            _check_finite(item, f"{where}[{position}]")
 
 
 def _give_up(
