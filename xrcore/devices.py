@@ -40,14 +40,15 @@ class DeviceLedger:
         """Devices for a task, or None when it does not fit now."""
         if gpus > 0:
             # The first `gpus` untouched devices that match, in index order.
-            whole, shared, sizes = self.whole, self.shared_mb, self.memory_mb
+            whole, shared, sizes, models = self.whole, self.shared_mb, self.memory_mb, self.models
+            any_model = model is None or not models
             untouched: list[int] = []
             for device in range(len(sizes)):
                 if (
                     device not in whole
                     and device not in shared
                     and sizes[device] >= memory_mb
-                    and self._matches(device, model)
+                    and (any_model or models[device] == model)
                 ):
                     untouched.append(device)
                     if len(untouched) == gpus:

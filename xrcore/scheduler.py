@@ -64,7 +64,9 @@ conservative default; they feed backfill, reservations and the cost of preemptio
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -353,13 +355,17 @@ class _Room:
     # Devices held for a task that preempted others here (or reserved as the head's).
     held_for: tuple[str, int] | None = None
     uniform: bool = False  # every device the same model and memory
+    devices: int = 0  # how many the region has
     # What each task here holds: its devices, or None for a CPU slot. The view does not say
     # which devices a running task has, so they are reconstructed by the same ledger rules.
     grants: dict[tuple[str, int], Grant | None] = field(default_factory=dict)
+    # Per task shape (GPUs, memory, model): whether it fits the empty region.
+    ever_fits: dict[tuple[int, int, str | None], bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         models, memory = set(self.ledger.models), set(self.ledger.memory_mb)
         self.uniform = len(memory) == 1 and len(models) <= 1
+        self.devices = len(self.ledger.memory_mb)
 
     def lowest_priority(self) -> int:
         return min((holder.priority for _, holder in self.holders), default=1 << 30)
@@ -368,7 +374,7 @@ class _Room:
     def free_gpus(self) -> int:
         # Whole and shared devices are disjoint (a shared device is never handed out whole).
         ledger = self.ledger
-        return len(ledger.memory_mb) - len(ledger.whole) - len(ledger.shared_mb)
+        return self.devices - len(ledger.whole) - len(ledger.shared_mb)
 
     def copy_ledger(self) -> DeviceLedger:
         return DeviceLedger(
@@ -460,11 +466,15 @@ class _Room:
     def could_ever_fit(self, task: TaskInfo) -> bool:
         """Whether the task fits this region when it is empty."""
         if _uses_gpu(task, self.region):
-            empty = DeviceLedger(memory_mb=self.ledger.memory_mb, models=self.ledger.models)
-            grant = empty.reserve(
-                gpus=task.gpus, memory_mb=task.gpu_memory_mb, model=task.gpu_model
-            )
-            return grant is not None
+            shape = (task.gpus, task.gpu_memory_mb, task.gpu_model)
+            known = self.ever_fits.get(shape)
+            if known is None:
+                empty = DeviceLedger(memory_mb=self.ledger.memory_mb, models=self.ledger.models)
+                grant = empty.reserve(
+                    gpus=task.gpus, memory_mb=task.gpu_memory_mb, model=task.gpu_model
+                )
+                known = self.ever_fits[shape] = grant is not None
+            return known
         return self.region.cpu_slots > 0
 
 
@@ -498,8 +508,13 @@ def _rooms(cluster: Cluster) -> dict[str, _Room]:
         if target is not None and target in rooms and target != task.region and _moving(task):
             rooms[target].take(task)
     for room in rooms.values():
-        room.holders.sort(key=lambda item: (item[0], item[1].ref))
+        room.holders.sort(key=_holder_order)
     return rooms
+
+
+def _holder_order(item: tuple[float, TaskInfo]) -> tuple[float, tuple[str, int]]:
+    """Holders by estimated end, then by task."""
+    return (item[0], item[1].ref)
 
 
 def _moving(task: TaskInfo) -> bool:
@@ -550,13 +565,17 @@ class _Share:
             usage.slots += 1
 
     def dominant(self, tenant: str) -> float:
-        usage = self.usage.get(tenant, _Usage())
+        usage = self.usage.get(tenant)
+        if usage is None:
+            return 0.0
         share = max(usage.gpus / self.total_gpus, usage.slots / self.total_slots)
         return share / max(self.tenant(tenant).weight, 1e-9)
 
     def over_quota(self, task: TaskInfo) -> str | None:
         info = self.tenant(task.tenant)
-        usage = self.usage.get(task.tenant, _Usage())
+        if info.gpus_max is None and info.tasks_max is None:
+            return None
+        usage = self.usage.get(task.tenant) or _Usage()
         if info.gpus_max is not None and usage.gpus + task.gpu_units > info.gpus_max:
             return (
                 f"tenant {task.tenant!r} holds {usage.gpus:g} of its quota of "
@@ -701,6 +720,9 @@ class _Move:
         return self.saving_ms / (max(self.task.gpus, 1) * max(self.option.run_ms, 1.0))
 
 
+_submission_order = operator.attrgetter("submitted_ms", "job_id", "task_index")
+
+
 def _order(pending: list[TaskInfo]) -> list[list[tuple[str, list[TaskInfo]]]]:
     """Pending tasks grouped by priority class (highest first), then by tenant, each tenant's
     tasks in submission order."""
@@ -711,7 +733,7 @@ def _order(pending: list[TaskInfo]) -> list[list[tuple[str, list[TaskInfo]]]]:
     for priority in sorted(classes, reverse=True):
         tenants = classes[priority]
         for tasks in tenants.values():
-            tasks.sort(key=lambda task: (task.submitted_ms, task.job_id, task.task_index))
+            tasks.sort(key=_submission_order)
         ordered.append(sorted(tenants.items()))
     return ordered
 
@@ -733,6 +755,9 @@ class _Pass:
         # with that region; and per shape that found no room, that region (or None).
         self.pinned_waiting: list[tuple[TaskInfo, str]] = []
         self.no_room_only: dict[tuple[object, ...], str | None] = {}
+        # The healthy regions' rooms each allow and deny list admits (rooms do not change
+        # during a pass).
+        self.allowed: dict[tuple[tuple[str, ...], tuple[str, ...]], list[_Room]] = {}
 
     def prefs(self, task: TaskInfo) -> TenantInfo:
         """`task`'s tenant, with the job's own price and carbon weights where it has them."""
@@ -842,12 +867,24 @@ class _Pass:
             if only is not None:
                 self.pinned_waiting.append((task, only))
             return False
-        allowed = [room for name, room in self.rooms.items() if task.allows(name)]
+        lists = (task.regions_allow, task.regions_deny)
+        allowed = self.allowed.get(lists)
+        if allowed is None:
+            allowed = [room for name, room in self.rooms.items() if task.allows(name)]
+            self.allowed[lists] = allowed
         if not allowed:
             self.wait(task, "no healthy region that the job allows")
             return False
         mine = (None, task.ref)
-        fitting = [room for room in allowed if room.held_for in mine and room.fits(task)]
+        # Rooms with too few free devices are passed over before the full check.
+        gpus = task.gpus
+        fitting = [
+            room
+            for room in allowed
+            if room.held_for in mine
+            and (not gpus or not room.devices or room.free_gpus >= gpus)
+            and room.fits(task)
+        ]
         if task.avoid_region is not None:
             elsewhere = [room for room in fitting if room.region.name != task.avoid_region]
             fitting = elsewhere or fitting
@@ -925,8 +962,7 @@ class _Pass:
     def _assign(self, task: TaskInfo, option: _Option, reason: str) -> None:
         option.room.take(task)
         end = self.now_ms + option.finish_ms
-        option.room.holders.append((end, task))
-        option.room.holders.sort(key=lambda item: (item[0], item[1].ref))
+        bisect.insort(option.room.holders, (end, task), key=_holder_order)
         if option.room.held_for == task.ref:
             option.room.held_for = None
         self.decisions.assigns.append(
