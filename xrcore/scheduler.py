@@ -1024,7 +1024,12 @@ class _Pass:
         # lazily: each task enters with an upper bound of its key (the fastest open region, no
         # data to move: (fastest / speed here - 1) / GPUs) and is weighed region by region only
         # when that bound comes first, so a pass with many running tasks weighs only the best
-        # few. At equal keys a bound comes before a weighed move (kind 0 before 1).
+        # few. A move's key is its gain, or its data-free gain ((speed there / speed here - 1)
+        # / GPUs, never below the gain but for the rest's rounding to whole milliseconds) when
+        # within a billionth of it, so tasks of one speed and size tie exactly, and at equal
+        # keys a weighed move comes before a bound (kind 0 before 1): ties go to the task
+        # weighed first, and the first of a class of equal bounds is taken without weighing
+        # the rest of the class.
         heap: list[tuple[float, int, tuple[str, int], str, int]] = []
         entries: list[tuple[TaskInfo, _Room, float] | _Move] = []
         for task in self.cluster.tasks:
@@ -1050,9 +1055,8 @@ class _Pass:
             ):
                 continue
             entries.append((task, here, rest_ms))
-            # A hair above, as the rest is rounded to whole milliseconds when weighed.
-            bound = (fastest / here_speed - 1.0) / max(task.gpus, 1) * (1.0 + 1e-6)
-            heap.append((-bound, 0, task.ref, "", len(entries) - 1))
+            bound = (fastest / here_speed - 1.0) / max(task.gpus, 1)
+            heap.append((-bound, 1, task.ref, "", len(entries) - 1))
         heapq.heapify(heap)
         moved: set[tuple[str, int]] = set()
         while heap and budget > 0 and not self.full():
@@ -1070,8 +1074,11 @@ class _Pass:
                     move = self._move(task, here, room, rest_ms)
                     if move is not None:
                         entries.append(move)
+                        here_speed = max(move.here_speed, 1e-6)
+                        ideal = (room.region.speed / here_speed - 1.0) / max(task.gpus, 1)
+                        key = ideal if move.gain >= ideal * (1.0 - 1e-9) else move.gain
                         name = room.region.name
-                        heapq.heappush(heap, (-move.gain, 1, task.ref, name, len(entries) - 1))
+                        heapq.heappush(heap, (-key, 0, task.ref, name, len(entries) - 1))
                 continue
             move = entry
             task, room = move.task, move.option.room

@@ -581,6 +581,37 @@ def test_move_up__at_most_move_ups_max_tasks_moving_at_once() -> None:
     assert {item.job_id for item in decisions.preempts}.isdisjoint({"long0", "long1"})
 
 
+def test_move_up__tasks_of_one_speed_and_size_tie_and_only_the_movers_are_weighed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """200 alike tasks in slow a, with different rests (rounded to whole milliseconds when
+    weighed, which used to make their keys differ by a few parts in 10^8), and room in fast b:
+    the first four in task order move, and only they are weighed (the pass stays cheap with
+    many running tasks)."""
+    regions = [region("a", 200), region("b", 8, speed=2.0)]
+    tasks = [
+        running(
+            f"t{n:03d}",
+            "a",
+            token=n + 1,
+            started_ms=NOW_MS - HOUR_MS - n * 7_777,
+            estimate_ms=10 * HOUR_MS + n * 3_333,
+        )
+        for n in range(200)
+    ]
+    weighed: list[str] = []
+    weigh = scheduler_module._Pass._move
+
+    def counted(self: Any, task: TaskInfo, *rest: Any) -> Any:
+        weighed.append(task.job_id)
+        return weigh(self, task, *rest)
+
+    monkeypatch.setattr(scheduler_module._Pass, "_move", counted)
+    moves = run(regions, tasks).preempts
+    assert [item.job_id for item in moves] == ["t000", "t001", "t002", "t003"]
+    assert weighed == ["t000", "t001", "t002", "t003"]
+
+
 def test_move_up__the_most_time_saved_per_device_hour_first() -> None:
     """Fast region b has 4 free GPUs and one move may start. A 4-GPU task saves more hours
     (20 h left in a, 10 in b) than a 1-GPU one (12 h left, 6 in b), but for 40 device-hours of b:
