@@ -827,27 +827,27 @@ class _Pass:
 
     def _place_class(self, tenants: list[tuple[str, list[TaskInfo]]]) -> None:
         """Tenants of one priority class take turns by weighted dominant share."""
-        queues = {name: tasks for name, tasks in tenants}
-        positions = dict.fromkeys(queues, 0)
-        # Equal shares: the tenant whose next task was submitted first goes first.
-        heap = [(self.share.dominant(name), tasks[0].submitted_ms, name) for name, tasks in tenants]
+        # Per tenant: its share, its next task's submission (equal shares: the tenant whose
+        # next task was submitted first goes first), its name, and where it is in its queue.
+        # A tenant's share changes only when one of its own tasks is placed.
+        heap = [
+            (self.share.dominant(name), tasks[0].submitted_ms, name, 0, tasks)
+            for name, tasks in tenants
+        ]
         heapq.heapify(heap)
         while heap and not self.full():
-            _, _, name = heapq.heappop(heap)
-            position = positions[name]
-            tasks = queues[name]
-            if position >= len(tasks):
-                continue
+            dominant, _, name, position, tasks = heapq.heappop(heap)
             task = tasks[position]
-            positions[name] = position + 1
             quota = self.share.over_quota(task)
             if quota is not None:
                 self.wait(task, quota)
             elif self._place(task):
                 self.share.add(task)
-            if positions[name] < len(tasks):
-                following = tasks[positions[name]].submitted_ms
-                heapq.heappush(heap, (self.share.dominant(name), following, name))
+                dominant = self.share.dominant(name)
+            position += 1
+            if position < len(tasks):
+                entry = (dominant, tasks[position].submitted_ms, name, position, tasks)
+                heapq.heappush(heap, entry)
 
     def _place(self, task: TaskInfo) -> bool:
         # Room only shrinks during a pass (preemption holds what it frees), so a task of a shape
