@@ -75,12 +75,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class FiniteFloatRange(click.FloatRange):
     """click's `FloatRange` that also refuses NaN, which compares false with any bound and so
-    passes it (and JSON would carry it as null)."""
+    passes it, and infinity where there is no upper bound (JSON carries either as null)."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
-        if math.isnan(number):
-            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
 
 

@@ -382,6 +382,10 @@ def test_non_finite_numbers__are_refused_before_anything_is_sent(fakes: FakeNode
             with pytest.raises(ValueError, match=r"body\.args\.lr: inf is not a finite"):
                 await client.jobs.submit("j", workload="w", args={"lr": float("inf")})
             assert await client.jobs.submit("j", workload="w", cost_weight=0.5) == "job-1"
+            with pytest.raises(ValueError, match="timeout_s must be a number of seconds"):
+                await client.jobs.wait("job-1", timeout_s=float("nan"))
+            with pytest.raises(ValueError, match="wait_s must be a number of seconds"):
+                await client.locks.acquire("l", "session-1", wait_s=float("nan"))
 
     run(scenario)
     assert len(node.requests("POST /v1/jobs")) == 1

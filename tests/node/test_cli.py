@@ -63,9 +63,10 @@ def test_help__every_command_has_help_text(path: tuple[str, ...]) -> None:
     assert f"Usage: xr {' '.join(path)}" in result.output
 
 
-def test_options__every_float_option_refuses_nan() -> None:
-    """click's FloatRange lets NaN through (it compares false with any bound), and the client
-    would send it as JSON null: every float option of xr and xr-jepsen uses FiniteFloatRange."""
+def test_options__every_float_option_refuses_nan_and_infinity() -> None:
+    """click's FloatRange lets NaN through (it compares false with any bound), and infinity
+    where there is no upper bound; the client would send either as JSON null. Every float
+    option of xr and xr-jepsen uses FiniteFloatRange."""
     from xr_jepsen.cli import cli as jepsen
 
     floats = [
@@ -87,9 +88,10 @@ def test_options__every_float_option_refuses_nan() -> None:
         ["job", "submit", "j", "--workload", "w", "--cost-weight", "nan"],
         ["tenant", "set", "t", "--weight", "NaN"],
         ["kv", "get", "k", "--timeout", "nan"],
+        ["lock", "acquire", "l", "--wait", "inf"],
     ):
         refused = CliRunner().invoke(xr, arguments)
-        assert refused.exit_code == 2 and "is not a number" in refused.output, arguments
+        assert refused.exit_code == 2 and "is not a finite number" in refused.output, arguments
 
 
 def test_help__client_commands_take_the_connection_options() -> None:

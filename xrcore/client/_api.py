@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 from urllib.parse import quote
@@ -251,6 +252,8 @@ class AsyncLocks:
         """Takes the lock for the session, waiting in the lock's queue up to `wait_s`. Not
         granted: `granted` is False (with `queued` when `wait_s` was 0 and the session is now
         in the queue anyway, or `timed_out` when the wait ended)."""
+        if not math.isfinite(wait_s):
+            raise ValueError(f"wait_s must be a number of seconds, got {wait_s}")
         path = f"/v1/locks/{_segment(name)}/acquire"
         if wait_s <= 0:
             document = await self._transport.call(
@@ -389,6 +392,8 @@ class AsyncJobs:
         """The job once every task has finished (succeeded, failed or cancelled). Long polls;
         `Timeout` when it has not finished within `timeout_s` (None: no limit), `NotFound` when
         there is no such job."""
+        if timeout_s is not None and (not timeout_s >= 0 or math.isinf(timeout_s)):
+            raise ValueError(f"timeout_s must be a number of seconds, 0 or more, got {timeout_s}")
         loop = asyncio.get_running_loop()
         deadline_s = None if timeout_s is None else loop.time() + timeout_s
         allowance = _OutageAllowance(self._retry_s)

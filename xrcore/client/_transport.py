@@ -213,6 +213,8 @@ class Transport:
         by it, and each try sends the wait that is left as `wait_s` in the query or the body."""
         if timeout_s is not None and (not timeout_s > 0 or math.isinf(timeout_s)):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
+        if wait_s is not None and (not wait_s >= 0 or math.isinf(wait_s)):
+            raise ValueError(f"wait_s must be a number of seconds, 0 or more, got {wait_s}")
         if body is not None:
             _check_finite(body, "body")
         loop = asyncio.get_running_loop()
