@@ -787,6 +787,53 @@ def test_options_come_in_the_order_of_a_full_sort(seed: int) -> None:
         ]
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_lazy_options_come_in_the_order_of_a_full_sort_and_find_every_fitting_room(
+    seed: int,
+) -> None:
+    """`_Pass._lazy_options` checks and scores rooms in the order of their bound per
+    millisecond of estimate, cached per pass; what it yields must be what scoring every room
+    that fits and sorting by (score, region name) gives, for tasks of several shapes, allow
+    and deny lists and price and carbon weights, and once exhausted it must have found every
+    room that fits."""
+    cluster = scale_cluster(seed, tasks=300, regions=20)
+    names = [region.name for region in cluster.regions]
+    tasks = []
+    for number, item in enumerate(cluster.tasks):
+        if number % 4 == 1:
+            item = replace(item, regions_deny=(names[number % 20], names[(number * 7) % 20]))
+        if number % 5 == 2:
+            item = replace(item, cost_weight=float(number % 3), carbon_weight=3.0)
+        if number % 7 == 3:
+            item = replace(item, estimate_ms=number * 977)
+        tasks.append(item)
+    cluster = replace(cluster, tasks=tuple(tasks))
+    settings = SchedulerSettings()
+    schedule_pass = scheduler_module._Pass(cluster, settings)
+    rooms = list(schedule_pass.rooms.values())
+    for item in cluster.tasks:
+        if item.state != "pending":
+            continue
+        allowed = [room for room in rooms if item.allows(room.region.name)]
+        fitting = [room for room in allowed if room.fits(item)]
+        tenant = schedule_pass.prefs(item)
+        every = sorted(
+            (
+                scheduler_module._score(item, room, schedule_pass.regions, tenant, settings)
+                for room in fitting
+            ),
+            key=lambda option: (option.score, option.room.region.name),
+        )
+        found: list[Any] = []
+        lazy = list(schedule_pass._lazy_options(item, allowed, tenant, found))
+        assert [option.room.region.name for option in lazy] == [
+            option.room.region.name for option in every
+        ]
+        assert sorted(room.region.name for room in found) == sorted(
+            room.region.name for room in fitting
+        )
+
+
 # Reasons.
 
 
