@@ -326,9 +326,8 @@ def test_run_times_are_learned_per_tenant_and_entrypoint_and_feed_the_estimate()
     assert estimate == stats.mean_ms + 2 * stats.deviation_ms
 
 
-def test_regions_without_gpus_are_chosen_by_price_and_carbon_too() -> None:
-    """In CPU mode a task's slot is billed as one device, so the cheaper, cleaner region wins
-    where speed and load are equal, though its name sorts last."""
+def _dear_and_cheap_cpu_regions() -> Driver:
+    """Two CPU regions of 2 slots, equal speed: a-dear ($4, 600 g/kWh), b-cheap ($1, 50 g)."""
     driver = Driver()
     for name, price, carbon in (("a-dear", 4.0, 600.0), ("b-cheap", 1.0, 50.0)):
         driver.ok(
@@ -342,6 +341,13 @@ def test_regions_without_gpus_are_chosen_by_price_and_carbon_too() -> None:
             )
         )
         driver.ok(RegionHeartbeat(name=name))
+    return driver
+
+
+def test_regions_without_gpus_are_chosen_by_price_and_carbon_too() -> None:
+    """In CPU mode a task's slot is billed as one device, so the cheaper, cleaner region wins
+    where speed and load are equal, though its name sorts last."""
+    driver = _dear_and_cheap_cpu_regions()
     job_id = _submit(driver, "cpu-task")
     assert _apply_all(driver) == [(job_id, 0, "b-cheap")]
 
@@ -349,19 +355,7 @@ def test_regions_without_gpus_are_chosen_by_price_and_carbon_too() -> None:
 def test_a_jobs_own_price_and_carbon_weights_reach_the_policy() -> None:
     """A job that weighs neither price nor carbon sees two regions of equal speed and load as
     equal, and takes the first by name; its spec's weights are in the policy's view."""
-    driver = Driver()
-    for name, price, carbon in (("a-dear", 4.0, 600.0), ("b-cheap", 1.0, 50.0)):
-        driver.ok(
-            RegionRegister(
-                name=name,
-                http_address="h:1",
-                raft_address=f"{name}:1",
-                cpu_slots=2,
-                price_per_gpu_hour=price,
-                carbon_g_per_kwh=carbon,
-            )
-        )
-        driver.ok(RegionHeartbeat(name=name))
+    driver = _dear_and_cheap_cpu_regions()
     careless = _submit(driver, "careless", cost_weight=0.0, carbon_weight=0.0)
     default = _submit(driver, "default")
     view = {task.job_id: task for task in cluster_view(driver.machine, PlacementSettings()).tasks}

@@ -754,6 +754,22 @@ def test_move_aside__the_region_is_held_until_the_movers_have_left() -> None:
 # Scoring.
 
 
+def _full_sort(
+    schedule_pass: Any, item: TaskInfo, fitting: list[Any], tenant: TenantInfo
+) -> list[str]:
+    """The regions of `fitting`, every one scored, sorted by (score, region name)."""
+    every = sorted(
+        (
+            scheduler_module._score(
+                item, room, schedule_pass.regions, tenant, schedule_pass.settings
+            )
+            for room in fitting
+        ),
+        key=lambda option: (option.score, option.room.region.name),
+    )
+    return [option.room.region.name for option in every]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_options_come_in_the_order_of_a_full_sort(seed: int) -> None:
     """`_Pass._options` scores a room only once its lower bound could come first; the order
@@ -774,17 +790,10 @@ def test_options_come_in_the_order_of_a_full_sort(seed: int) -> None:
             continue
         fitting = [room for room in rooms if room.fits(item)]
         tenant = schedule_pass.share.tenant(item.tenant)
-        every = sorted(
-            (
-                scheduler_module._score(item, room, schedule_pass.regions, tenant, settings)
-                for room in fitting
-            ),
-            key=lambda option: (option.score, option.room.region.name),
-        )
         lazy = list(schedule_pass._options(item, fitting, tenant))
-        assert [option.room.region.name for option in lazy] == [
-            option.room.region.name for option in every
-        ]
+        assert [option.room.region.name for option in lazy] == _full_sort(
+            schedule_pass, item, fitting, tenant
+        )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
@@ -817,18 +826,11 @@ def test_lazy_options_come_in_the_order_of_a_full_sort_and_find_every_fitting_ro
         allowed = [room for room in rooms if item.allows(room.region.name)]
         fitting = [room for room in allowed if room.fits(item)]
         tenant = schedule_pass.prefs(item)
-        every = sorted(
-            (
-                scheduler_module._score(item, room, schedule_pass.regions, tenant, settings)
-                for room in fitting
-            ),
-            key=lambda option: (option.score, option.room.region.name),
-        )
         found: list[Any] = []
         lazy = list(schedule_pass._lazy_options(item, allowed, tenant, found))
-        assert [option.room.region.name for option in lazy] == [
-            option.room.region.name for option in every
-        ]
+        assert [option.room.region.name for option in lazy] == _full_sort(
+            schedule_pass, item, fitting, tenant
+        )
         assert sorted(room.region.name for room in found) == sorted(
             room.region.name for room in fitting
         )
