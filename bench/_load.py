@@ -12,6 +12,10 @@ same for every system:
 - An operation counts when it completes inside the timed window; its latency runs from its start
   to its completion. Workers start no operation after the window and the cell waits for those in
   flight (the drain), so the next cell starts from a quiet system.
+- With `cpu_pids`, a cell also measures the CPU time (user and system, all threads, from
+  `/proc`) those processes (the system's members) and this process (the load generator) used
+  during the timed window, per counted operation: on a machine whose cores the members and the
+  load generator share, where the time goes.
 - A failed operation is never counted as an operation: it is counted by error code, in every
   phase (warm-up, window and drain), and the worker pauses `ERROR_PAUSE_S` before its next one so
   a failing system is not hammered in a tight loop. Timeouts and connection errors are failures
@@ -21,10 +25,12 @@ same for every system:
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
@@ -39,6 +45,7 @@ __all__ = [
     "Operation",
     "OperationFailed",
     "Worker",
+    "process_cpu_s",
     "run_cell",
 ]
 
@@ -168,6 +175,10 @@ class CellResult:
     latency_p99_ms: float | None
     # Failed operations by error code, over warm-up, window and drain.
     failures: dict[str, int]
+    # CPU time per counted operation during the window, in microseconds: the members' together
+    # (`cpu_pids`) and the load generator's; None when not measured or nothing was counted.
+    members_cpu_us_per_op: float | None = None
+    driver_cpu_us_per_op: float | None = None
 
     @property
     def failed(self) -> int:
@@ -182,7 +193,25 @@ class CellResult:
             "latency_p99_ms": self.latency_p99_ms,
             "failed": self.failed,
             "failures": dict(self.failures),
+            "members_cpu_us_per_op": self.members_cpu_us_per_op,
+            "driver_cpu_us_per_op": self.driver_cpu_us_per_op,
         }
+
+
+def process_cpu_s(pids: Sequence[int]) -> float | None:
+    """User plus system CPU time, in seconds, of the processes `pids` (all their threads)
+    together, from `/proc/PID/stat`; None if one of them cannot be read (gone, or no `/proc`)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            # The fields after the command name, which is in parentheses and may hold spaces:
+            # utime and stime are the 14th and 15th fields of the line, so the 12th and 13th
+            # after it.
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            return None
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -191,6 +220,28 @@ class _Window:
     end_s: float
     latencies_s: list[float] = field(default_factory=list)
     failures: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class _CpuUse:
+    """The CPU time the members and this process used during the window, once it has ended."""
+
+    members_s: float | None = None
+    driver_s: float | None = None
+
+
+async def _measure_cpu(window: _Window, pids: Sequence[int], use: _CpuUse) -> None:
+    await asyncio.sleep(max(window.start_s - time.perf_counter(), 0.0))
+    members_start, driver_start = process_cpu_s(pids), time.process_time()
+    await asyncio.sleep(max(window.end_s - time.perf_counter(), 0.0))
+    members_end, driver_end = process_cpu_s(pids), time.process_time()
+    if members_start is not None and members_end is not None:
+        use.members_s = members_end - members_start
+    use.driver_s = driver_end - driver_start
+
+
+def _per_op_us(seconds: float | None, operations: int) -> float | None:
+    return None if seconds is None or operations == 0 else seconds * 1e6 / operations
 
 
 async def _work(worker: Worker, operation: Operation, window: _Window) -> None:
@@ -246,9 +297,11 @@ async def run_cell(
     duration_s: float,
     request_timeout_s: float,
     error_code: ErrorCode,
+    cpu_pids: Sequence[int] = (),
 ) -> CellResult:
     """`concurrency` workers doing `operation` back to back: `warmup_s` unmeasured, then
-    `duration_s` measured."""
+    `duration_s` measured; with `cpu_pids`, the CPU time those processes and this one used
+    in the window too."""
     assert concurrency >= 1 and duration_s > 0 and warmup_s >= 0
     async with Endpoints(
         urls,
@@ -260,8 +313,11 @@ async def run_cell(
         await _prepare(workers, operation)
         started_s = time.perf_counter()
         window = _Window(start_s=started_s + warmup_s, end_s=started_s + warmup_s + duration_s)
+        cpu = _CpuUse()
         try:
             tasks = [asyncio.create_task(_work(worker, operation, window)) for worker in workers]
+            if cpu_pids:
+                tasks.append(asyncio.create_task(_measure_cpu(window, cpu_pids, cpu)))
             try:
                 async with asyncio.timeout(
                     warmup_s + duration_s + request_timeout_s + DRAIN_MARGIN_S
@@ -279,11 +335,14 @@ async def run_cell(
         finally:
             await _finish(workers, operation, window.failures)
     summary = latency_summary(window.latencies_s)
+    operations = len(window.latencies_s)
     return CellResult(
-        operations=len(window.latencies_s),
+        operations=operations,
         duration_s=duration_s,
-        ops_per_s=len(window.latencies_s) / duration_s,
+        ops_per_s=operations / duration_s,
         latency_p50_ms=summary["latency_p50_ms"],
         latency_p99_ms=summary["latency_p99_ms"],
         failures=dict(window.failures),
+        members_cpu_us_per_op=_per_op_us(cpu.members_s, operations) if cpu_pids else None,
+        driver_cpu_us_per_op=_per_op_us(cpu.driver_s, operations) if cpu_pids else None,
     )

@@ -139,6 +139,8 @@ class System(Protocol):
 
     def check_alive(self) -> None: ...
 
+    def member_pids(self) -> list[int]: ...
+
 
 def _value(worker: Worker) -> str:
     """A 64-byte value that no other write in the run has, so a read can tell it apart."""
@@ -168,6 +170,9 @@ class XrSystem:
                 raise RuntimeError(
                     f"xr region {node.region} exited with {node.exit_code}:\n{node.log_tail()}"
                 )
+
+    def member_pids(self) -> list[int]:
+        return [node.process.pid for node in self.cluster.nodes if node.process is not None]
 
     def leader(self) -> str:
         node = self.cluster.leader()
@@ -322,6 +327,9 @@ class EtcdSystem:
                 if str(self.directory) in Path(f"/proc/{pid}/cmdline").read_text():
                     pids.append(pid)
         return pids
+
+    def member_pids(self) -> list[int]:
+        return sorted(self._member_pids())
 
     def stop(self) -> None:
         """Stops the members through the script, then kills by process id any it left."""
@@ -550,6 +558,7 @@ async def _measure(
                     duration_s=arguments.duration,
                     request_timeout_s=REQUEST_TIMEOUT_S,
                     error_code=system.error_code,
+                    cpu_pids=system.member_pids(),
                 )
                 system.check_alive()
                 per_system[system.name].append(result)
@@ -573,6 +582,10 @@ class Summary:
     latency_p50_ms: float
     latency_p99_ms: float
     failures: dict[str, int]
+    # CPU time per operation in the window, microseconds: the members' together, the load
+    # generator's (NaN where not measured).
+    members_cpu_us_per_op: float = math.nan
+    driver_cpu_us_per_op: float = math.nan
 
     @classmethod
     def of(cls, rounds: Sequence[CellResult]) -> Summary:
@@ -588,6 +601,8 @@ class Summary:
             latency_p50_ms=median([result.latency_p50_ms for result in rounds]),
             latency_p99_ms=median([result.latency_p99_ms for result in rounds]),
             failures=dict(failures),
+            members_cpu_us_per_op=median([result.members_cpu_us_per_op for result in rounds]),
+            driver_cpu_us_per_op=median([result.driver_cpu_us_per_op for result in rounds]),
         )
 
     @property

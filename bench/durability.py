@@ -6,8 +6,9 @@ Three clusters of 3 members on loopback run for the whole benchmark: xr with dur
 `anchors/etcd-cluster`. The machinery is bench/api.py's: the same closed-loop load generator,
 the same put of a 64-byte value with xr's idempotency headers, requests spread round robin over
 the members, and for each concurrency the systems interleaved round by round; figures are
-medians over rounds. The target (docs/durability.md): xr with fsync at least 1.0x etcd's put
-throughput.
+medians over rounds. Each row also gives the CPU time the system's 3 members used together per
+put, and the load generator's, during the timed windows (bench/_load.py). The target
+(docs/durability.md): xr with fsync at least 1.0x etcd's put throughput.
 
 Run: `python bench/durability.py [--duration 3] [--warmup 1] [--rounds 3]
 [--concurrency 1,16,64] [--json PATH]` (about 2.5 minutes with the defaults). The last line is one
@@ -54,11 +55,17 @@ class XrDurabilitySystem(api.XrSystem):
         self.urls = self.cluster.urls
 
 
+def _microseconds(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:,.0f} us"
+
+
 def _row(concurrency: int, name: str, summary: api.Summary, versus_etcd: float) -> str:
     return (
         f"| {concurrency} | {name} | {summary.ops_per_s:,.0f} | "
         f"{api._milliseconds(summary.latency_p50_ms)} | "
-        f"{api._milliseconds(summary.latency_p99_ms)} | {summary.failed} | "
+        f"{api._milliseconds(summary.latency_p99_ms)} | "
+        f"{_microseconds(summary.members_cpu_us_per_op)} | "
+        f"{_microseconds(summary.driver_cpu_us_per_op)} | {summary.failed} | "
         f"{api._ratio_text(versus_etcd)} |"
     )
 
@@ -99,8 +106,11 @@ def _report(
     results: dict[tuple[str, int], dict[str, list[CellResult]]], arguments: argparse.Namespace
 ) -> dict[str, Any]:
     print(f"\nput, median of {arguments.rounds} interleaved round(s)\n")
-    print("| concurrency | system | ops/s | p50 | p99 | failed | vs etcd |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print(
+        "| concurrency | system | ops/s | p50 | p99 | CPU per put, 3 members | CPU per put, "
+        "load generator | failed | vs etcd |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     cells: list[dict[str, Any]] = []
     verdicts: list[str] = []
     for (_, concurrency), per_system in results.items():
@@ -110,10 +120,12 @@ def _report(
         versus_write = api._ratio(fsync.ops_per_s, write.ops_per_s)
         for name, summary in summaries.items():
             print(_row(concurrency, name, summary, api._ratio(summary.ops_per_s, etcd.ops_per_s)))
+        cpu_versus_etcd = api._ratio(fsync.members_cpu_us_per_op, etcd.members_cpu_us_per_op)
         verdicts.append(
             f"c={concurrency}: xr-fsync / etcd {api._ratio_text(versus_etcd)} (target >= "
             f"{RATIO_MIN:g}x: {'met' if versus_etcd >= RATIO_MIN else 'NOT met'}); "
-            f"xr-fsync / xr-write {api._ratio_text(versus_write)}"
+            f"xr-fsync / xr-write {api._ratio_text(versus_write)}; members' CPU per put "
+            f"xr-fsync / etcd {api._ratio_text(cpu_versus_etcd)}"
         )
         cells.append(
             {
@@ -124,11 +136,14 @@ def _report(
                         "p50_ms": api._number(summary.latency_p50_ms),
                         "p99_ms": api._number(summary.latency_p99_ms),
                         "failed": summary.failed,
+                        "members_cpu_us_per_op": api._number(summary.members_cpu_us_per_op),
+                        "driver_cpu_us_per_op": api._number(summary.driver_cpu_us_per_op),
                     }
                     for name, summary in summaries.items()
                 },
                 "ratio_fsync_vs_etcd": api._number(versus_etcd),
                 "ratio_fsync_vs_write": api._number(versus_write),
+                "ratio_members_cpu_fsync_vs_etcd": api._number(cpu_versus_etcd),
                 "target_met": bool(versus_etcd >= RATIO_MIN)
                 if not math.isnan(versus_etcd)
                 else None,
