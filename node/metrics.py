@@ -7,13 +7,14 @@ Each node has its own registry, so several nodes (tests, `xr up`) can live in on
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from raftstore.store import RaftStore
@@ -44,6 +45,8 @@ class _StoreCollector(Collector):
     def __init__(self, store: RaftStore, region: str) -> None:
         self.store = store
         self.region = region
+        # When the counters below began (the store's own counters start with the node).
+        self.created_s = time.time()
 
     def collect(self) -> Iterator[Any]:
         status = self.store.status()
@@ -53,6 +56,11 @@ class _StoreCollector(Collector):
         def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
             family = GaugeMetricFamily(name, documentation, labels=labels)
             family.add_metric(values, value)
+            return family
+
+        def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, documentation, labels=labels)
+            family.add_metric(values, value, created=self.created_s)
             return family
 
         yield gauge("xr_raft_term", "The current Raft term.", status["term"])
@@ -72,6 +80,29 @@ class _StoreCollector(Collector):
             "xr_raft_proposals_in_flight",
             "Proposals waiting for their commit.",
             status["proposals_in_flight"],
+        )
+        # Journal syncs (raft.durability "fsync"; all 0 in "write" mode, which never syncs).
+        # The node's event loop waits for each sync, heartbeats included.
+        yield counter(
+            "xr_raft_journal_syncs",
+            'Journal syncs since the node started (raft.durability "fsync"; 0 in "write").',
+            status["journal_syncs"] or 0,
+        )
+        yield counter(
+            "xr_raft_journal_sync_seconds",
+            "Seconds the node waited for journal syncs since it started.",
+            status["journal_sync_s_total"] or 0.0,
+        )
+        yield counter(
+            "xr_raft_journal_slow_syncs",
+            "Journal syncs that took over 0.1 s (a slow or overloaded disk; near the election "
+            "timeout, a leader change); logged at WARNING, at most once per 10 s.",
+            status["journal_slow_syncs"] or 0,
+        )
+        yield gauge(
+            "xr_raft_journal_sync_seconds_max",
+            "The longest journal sync since the node started, in seconds.",
+            status["journal_sync_s_max"] or 0.0,
         )
 
         def census(machine: Any) -> tuple[int, int, int, int, Counter[str], Counter[str]]:

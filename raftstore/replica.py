@@ -33,6 +33,7 @@ import os
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -229,9 +230,22 @@ class DurableJournal:
     rather than rewriting the journal in place as pysyncobj does, so a crash in the middle cannot
     lose entries the snapshot does not hold."""
 
-    def __init__(self, path: Path, *, file_sync: FileSync = os.fdatasync) -> None:
+    # A sync that takes longer than this is logged: the event loop, heartbeats included, waited
+    # for it, and at the minimum election timeout (0.4 s) followers may elect another leader.
+    SLOW_SYNC_S = 0.1
+    # At most one warning per this many seconds, counting the slow syncs since the last one.
+    SLOW_SYNC_WARNING_INTERVAL_S = 10.0
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        file_sync: FileSync = os.fdatasync,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = path
         self._file_sync = file_sync
+        self._clock = clock
         self._inner = self._open()
         # Unknown: pysyncobj may have just created the file and written its first entry.
         self.dirty = True
@@ -240,6 +254,13 @@ class DurableJournal:
         self.syncs = 0
         self.synced_index = 0
         self.synced_term = self._inner.getCurrentTerm()
+        # For status and metrics: seconds spent in file syncs, the longest, and how many took
+        # over SLOW_SYNC_S.
+        self.sync_s_total = 0.0
+        self.sync_s_max = 0.0
+        self.slow_syncs = 0
+        self._slow_unreported = 0
+        self._slow_warned_s = float("-inf")
 
     def _open(self) -> Any:
         inner = _journal_module.FileJournal(str(self.path))
@@ -255,7 +276,9 @@ class DurableJournal:
             # Linux's fdatasync writes the pages dirtied through the shared map too (msync's
             # MS_SYNC is the same range sync there); elsewhere msync first.
             getattr(mapped, "_ResizableFile__mm").flush()  # noqa: B009
+        started_s = self._clock()
         self._file_sync(getattr(mapped, "_ResizableFile__f").fileno())  # noqa: B009
+        self._timed(self._clock() - started_s)
         if not self._directory_synced:
             fsync_directory(self.path.parent)
             self._directory_synced = True
@@ -263,6 +286,26 @@ class DurableJournal:
         self.syncs += 1
         self.synced_index = int(self._inner[-1][1]) if len(self._inner) else 0
         self.synced_term = self._inner.getCurrentTerm()
+
+    def _timed(self, took_s: float) -> None:
+        self.sync_s_total += took_s
+        self.sync_s_max = max(self.sync_s_max, took_s)
+        if took_s <= self.SLOW_SYNC_S:
+            return
+        self.slow_syncs += 1
+        self._slow_unreported += 1
+        now_s = self._clock()
+        if now_s - self._slow_warned_s >= self.SLOW_SYNC_WARNING_INTERVAL_S:
+            log.warning(
+                "journal sync took %.3f s (%d sync(s) over %.1f s since the last warning): the "
+                "node waited, heartbeats included; near the election timeout followers may elect "
+                "another leader (a slow or overloaded disk)",
+                took_s,
+                self._slow_unreported,
+                self.SLOW_SYNC_S,
+            )
+            self._slow_unreported = 0
+            self._slow_warned_s = now_s
 
     # pysyncobj's Journal interface (its names).
 

@@ -447,8 +447,12 @@ class RaftStore:
             "proposals_in_flight": self._in_flight_commands,
             "members": members,
             "durability": self.config.durability,
-            # Journal syncs since start ("fsync" mode; None in "write" mode, which never syncs).
+            # Journal syncs since start ("fsync" mode; None in "write" mode, which never syncs),
+            # the seconds they took in all, the longest, and how many took over 0.1 s.
             "journal_syncs": None if journal is None else journal.syncs,
+            "journal_sync_s_total": None if journal is None else journal.sync_s_total,
+            "journal_sync_s_max": None if journal is None else journal.sync_s_max,
+            "journal_slow_syncs": None if journal is None else journal.slow_syncs,
         }
 
     async def transfer_leadership(self, address: str, *, timeout_s: float = 5.0) -> None:

@@ -68,3 +68,6 @@ def test_metrics__expose_raft_and_request_series_as_prometheus_text(api: ApiNode
     assert 'xr_raft_term{region="r0"}' in text
     assert 'xr_http_requests_total{method="PUT",route="/v1/kv/{key}",status="200"}' in text
     assert "xr_kv_revision" in text
+    # This node writes its journal without syncing (durability "write"): no syncs to count.
+    assert 'xr_raft_journal_syncs_total{region="r0"} 0.0' in text
+    assert 'xr_raft_journal_slow_syncs_total{region="r0"} 0.0' in text

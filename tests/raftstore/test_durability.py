@@ -270,7 +270,11 @@ async def _concurrent_writes(tmp_path: Path, *, writes: int) -> int:
         used = syncs[leader] - before
         value = await stores[leader].read(lambda machine: kv.get(machine, f"k{writes - 1}"))
         assert value.value is not None
-        assert stores[leader].status()["journal_syncs"] is not None
+        status = stores[leader].status()
+        assert status["journal_syncs"] is not None
+        # Every sync is timed, and the longest is among them.
+        assert 0 < status["journal_sync_s_max"] <= status["journal_sync_s_total"]
+        assert status["journal_slow_syncs"] is not None
     finally:
         for store in stores:
             await store.stop()
@@ -479,3 +483,57 @@ def test_write_mode__a_power_loss_loses_what_a_member_acknowledged(
     promises, log, term, _ = _power_loss_restart_keeps_promises(monkeypatch, tmp_path, "write")
     assert promises.acknowledged
     assert term < promises.term or any(log.get(i) != t for i, t in promises.acknowledged.items())
+
+
+# Slow syncs: counted, timed and logged (a fake clock; the sync itself does nothing).
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _journal_with_sync_times(
+    tmp_path: Path, clock: _FakeClock, took_s: list[float]
+) -> replica_module.DurableJournal:
+    """A journal whose file sync takes each of `took_s` in turn on `clock`."""
+    durations = iter(took_s)
+
+    def file_sync(descriptor: int) -> None:
+        clock.now_s += next(durations)
+
+    return replica_module.DurableJournal(tmp_path / "journal", file_sync=file_sync, clock=clock)
+
+
+def test_durable_journal__times_syncs_and_warns_of_slow_ones_at_most_every_10_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = _FakeClock()
+    journal = _journal_with_sync_times(tmp_path, clock, [0.002, 0.25, 0.3, 0.05, 0.4])
+    caplog.set_level("WARNING", logger="raftstore.replica")
+
+    def append_and_sync(index: int) -> None:
+        journal.add(b"entry", index, 1)
+        journal.sync()
+
+    journal.sync()  # The journal starts dirty: 2 ms.
+    assert (journal.syncs, journal.slow_syncs) == (1, 0)
+    append_and_sync(1)  # 250 ms: slow, and warned of.
+    append_and_sync(2)  # 300 ms: slow, within 10 s of the warning, so counted only.
+    append_and_sync(3)  # 50 ms: not slow.
+    assert (journal.syncs, journal.slow_syncs) == (4, 2)
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 1 and "journal sync took 0.250 s (1 sync(s) over 0.1 s" in warnings[0]
+    clock.now_s += 10.0
+    append_and_sync(4)  # 400 ms, 10 s later: warned of, with the one not reported before.
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 2 and "journal sync took 0.400 s (2 sync(s) over 0.1 s" in warnings[1]
+    assert journal.slow_syncs == 3
+    assert journal.sync_s_max == pytest.approx(0.4)
+    assert journal.sync_s_total == pytest.approx(0.002 + 0.25 + 0.3 + 0.05 + 0.4)
+    journal.sync()  # Nothing changed since: no sync, nothing timed.
+    assert journal.syncs == 5
+    journal._destroy()
