@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from node.api.app import create_app
-from node.api.audit import AuditLog
+from node.api.audit import AuditLog, _TimeText
 from node.api.auth import Principal
 from node.config import AuditConfig
 from raftstore.clock import RealClock
@@ -187,22 +187,25 @@ def test_the_default_path__is_under_the_data_directory(api: ApiNode) -> None:
     assert any(json.loads(line)["path"] == "/v1/kv/audit/default-path" for line in lines)
 
 
+def _record(log: AuditLog, number: int) -> None:
+    log.record(
+        principal=Principal(name="rotating", role="tenant", tenant="t"),
+        method="PUT",
+        path=f"/v1/kv/rotation/{number}",
+        route="/v1/kv/{key}",
+        status=200,
+        error=None,
+        request_id=f"rotation-{number}",
+        remote="127.0.0.1",
+        index=number,
+    )
+
+
 def _fill(path: Path, *, files_max: int, lines: int) -> None:
     log = AuditLog(path, bytes_max=4096, files_max=files_max, clock=RealClock())
-    caller = Principal(name="rotating", role="tenant", tenant="t")
     try:
         for number in range(lines):
-            log.record(
-                principal=caller,
-                method="PUT",
-                path=f"/v1/kv/rotation/{number}",
-                route="/v1/kv/{key}",
-                status=200,
-                error=None,
-                request_id=f"rotation-{number}",
-                remote="127.0.0.1",
-                index=number,
-            )
+            _record(log, number)
     finally:
         log.close()
 
@@ -235,3 +238,51 @@ def test_rotation__with_files_max_1_the_one_file_is_emptied_when_full(tmp_path: 
     newest = _read(path)
     assert newest[-1]["request_id"] == "rotation-399"
     assert [line["index"] for line in newest] == list(range(400 - len(newest), 400))
+
+
+def test_time_text__is_utc_iso_8601_with_milliseconds_across_seconds_and_back() -> None:
+    text = _TimeText()
+    # Within a second, across seconds, a clock that steps back, a leap day and the epoch.
+    moments = [1_764_806_400_000, 1_764_806_400_999, 1_764_806_401_005, 1_764_806_399_500]
+    moments += [951_782_400_123, 0]
+    for now_ms in moments:
+        expected = datetime.fromtimestamp(now_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+        assert text.text(now_ms) == expected.replace("+00:00", "Z"), now_ms
+
+
+class _FullDisk:
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_line_that_cannot_be_written__is_reported_on_stderr_and_the_next_one_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, bytes_max=1 << 20, files_max=2, clock=RealClock())
+    handler = log._handler
+    stream = handler.stream
+    try:
+        handler.stream = _FullDisk()  # type: ignore[assignment]
+        _record(log, 1)  # Does not raise.
+        assert "cannot write the audit log" in capsys.readouterr().err
+        handler.stream = stream
+        _record(log, 2)
+    finally:
+        log.close()
+    assert [line["index"] for line in _read(path)] == [2]
+
+
+def test_after_close__a_late_request_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, bytes_max=1 << 20, files_max=2, clock=RealClock())
+    _record(log, 1)
+    log.close()
+    _record(log, 2)
+    assert [line["index"] for line in _read(path)] == [1]
