@@ -770,6 +770,13 @@ def _full_sort(
     return [option.room.region.name for option in every]
 
 
+def _pass_over(cluster: Cluster) -> tuple[Any, list[Any], list[TaskInfo]]:
+    """A pass over `cluster` with the default settings, its rooms and the pending tasks."""
+    schedule_pass = scheduler_module._Pass(cluster, SchedulerSettings())
+    pending = [item for item in cluster.tasks if item.state == "pending"]
+    return schedule_pass, list(schedule_pass.rooms.values()), pending
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_options_come_in_the_order_of_a_full_sort(seed: int) -> None:
     """`_Pass._options` scores a room only once its lower bound could come first; the order
@@ -781,13 +788,8 @@ def test_options_come_in_the_order_of_a_full_sort(seed: int) -> None:
         replace(item, regions_prefer=(names[number % 20],)) if number % 3 == 0 else item
         for number, item in enumerate(cluster.tasks)
     ]
-    cluster = replace(cluster, tasks=tuple(tasks))
-    settings = SchedulerSettings()
-    schedule_pass = scheduler_module._Pass(cluster, settings)
-    rooms = list(schedule_pass.rooms.values())
-    for item in cluster.tasks:
-        if item.state != "pending":
-            continue
+    schedule_pass, rooms, pending = _pass_over(replace(cluster, tasks=tuple(tasks)))
+    for item in pending:
         fitting = [room for room in rooms if room.fits(item)]
         tenant = schedule_pass.share.tenant(item.tenant)
         lazy = list(schedule_pass._options(item, fitting, tenant))
@@ -816,13 +818,8 @@ def test_lazy_options_come_in_the_order_of_a_full_sort_and_find_every_fitting_ro
         if number % 7 == 3:
             item = replace(item, estimate_ms=number * 977)
         tasks.append(item)
-    cluster = replace(cluster, tasks=tuple(tasks))
-    settings = SchedulerSettings()
-    schedule_pass = scheduler_module._Pass(cluster, settings)
-    rooms = list(schedule_pass.rooms.values())
-    for item in cluster.tasks:
-        if item.state != "pending":
-            continue
+    schedule_pass, rooms, pending = _pass_over(replace(cluster, tasks=tuple(tasks)))
+    for item in pending:
         allowed = [room for room in rooms if item.allows(room.region.name)]
         fitting = [room for room in allowed if room.fits(item)]
         tenant = schedule_pass.prefs(item)
