@@ -224,7 +224,8 @@ class _Window:
 
 @dataclass
 class _CpuUse:
-    """The CPU time the members and this process used during the window, once it has ended."""
+    """The CPU time the members and this process used during the window, once it has ended
+    (None where it was not measured)."""
 
     members_s: float | None = None
     driver_s: float | None = None
@@ -343,6 +344,6 @@ async def run_cell(
         latency_p50_ms=summary["latency_p50_ms"],
         latency_p99_ms=summary["latency_p99_ms"],
         failures=dict(window.failures),
-        members_cpu_us_per_op=_per_op_us(cpu.members_s, operations) if cpu_pids else None,
-        driver_cpu_us_per_op=_per_op_us(cpu.driver_s, operations) if cpu_pids else None,
+        members_cpu_us_per_op=_per_op_us(cpu.members_s, operations),
+        driver_cpu_us_per_op=_per_op_us(cpu.driver_s, operations),
     )
