@@ -25,43 +25,21 @@ sys.path[:] = [str(_BENCH_DIRECTORY.parent)] + [
 ]
 
 import argparse  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 
 import xrcore.scheduler as current  # noqa: E402
+from bench._revision import module_at  # noqa: E402
 from bench.scheduler import moving_cluster, scale_cluster  # noqa: E402
-
-ROOT = _BENCH_DIRECTORY.parent
 
 
 def scheduler_at(revision: str, folder: Path) -> ModuleType:
     """`xrcore/scheduler.py` as it was at `revision`, loaded as a module of its own."""
-    try:
-        source = subprocess.run(
-            ["git", "show", f"{revision}:xrcore/scheduler.py"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as error:
-        detail = getattr(error, "stderr", "") or str(error)
-        message = f"scheduler_pass: cannot read revision {revision!r}: {detail.strip()}"
-        raise SystemExit(message) from None
-    path = folder / "scheduler_at_revision.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("xrcore._scheduler_at_revision", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return module_at(revision, "xrcore/scheduler.py", folder, program="scheduler_pass")
 
 
 def alternate(modules: dict[str, ModuleType], cluster: Any, pairs: int) -> dict[str, list[float]]:
