@@ -60,6 +60,12 @@ BENCHMARKS = (
         "etcd 3.4 with fsync (its default), 3 members on loopback, interleaved in the same run",
     ),
     Benchmark(
+        "audit_log",
+        ("bench/audit_log.py", "--rounds", "3"),
+        120,
+        "the same audit line through the standard logging path, alternating in the same run",
+    ),
+    Benchmark(
         "failover",
         ("bench/failover.py", "--trials", "3"),
         240,

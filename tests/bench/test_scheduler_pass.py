@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "scheduler_pass.py"
+from tests.bench._script import run_script
 
 
 def _run(*arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *arguments],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_script("scheduler_pass.py", *arguments)
 
 
 def test_times_both_passes_against_a_revision_and_prints_the_ratios() -> None:
