@@ -352,14 +352,17 @@ class _Demo:
         task = training.tasks[0]
         if task.state != "running" or task.total == 0 or task.checkpoint is None:
             return
-        if task.done < task.total // 2 or task.region is None:
+        # Progress reports are throttled (about one a second) while each checkpoint is seen as it
+        # commits: on a fast machine the last report can lag the checkpoint by half the run, so
+        # half-way is judged by the newer of the two.
+        step = max(task.done, task.checkpoint.step)
+        if step < task.total // 2 or task.region is None:
             return
         node = cluster.node(task.region)
         leader = cluster.leader()
         node.kill()
         self.report.killed_region = task.region
-        # Progress reports are throttled: the checkpoint may be newer than the last one seen.
-        self.report.killed_at_step = max(task.done, task.checkpoint.step)
+        self.report.killed_at_step = step
         role = " (the Raft leader)" if leader is not None and leader.region == node.region else ""
         echo(
             f"[bold red]killed region {task.region}{role} with SIGKILL[/bold red] while "
