@@ -44,13 +44,24 @@ RATIO_MIN = 1.0
 
 
 class XrDurabilitySystem(api.XrSystem):
-    """bench/api.py's xr system, with the cluster's `raft.durability` set."""
+    """bench/api.py's xr system, with the cluster's `raft.durability` set; `code_root` runs
+    another checkout's nodes (bench/raft_messages.py), under `name`."""
 
-    def __init__(self, root: Path, *, durability: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        durability: str,
+        name: str | None = None,
+        code_root: Path | None = None,
+    ) -> None:
         super().__init__(root)
-        self.name = f"xr-{durability}"
+        self.name = name or f"xr-{durability}"
         self.cluster = LocalCluster(
-            root / self.name, size=api.MEMBERS, settings={"raft.durability": durability}
+            root / self.name,
+            size=api.MEMBERS,
+            settings={"raft.durability": durability},
+            code_root=code_root,
         )
         self.urls = self.cluster.urls
 

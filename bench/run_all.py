@@ -60,6 +60,23 @@ BENCHMARKS = (
         "etcd 3.4 with fsync (its default), 3 members on loopback, interleaved in the same run",
     ),
     Benchmark(
+        "raft_messages",
+        (
+            "bench/raft_messages.py",
+            "--against",
+            "HEAD",
+            "--concurrency",
+            "16,64",
+            "--duration",
+            "2",
+            "--rounds",
+            "2",
+        ),
+        180,
+        "the same clusters and load at HEAD, alternating in the same run (on a committed tree the"
+        " two sides run the same code: the figure is the run's noise)",
+    ),
+    Benchmark(
         "audit_log",
         ("bench/audit_log.py", "--rounds", "3"),
         120,

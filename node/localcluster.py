@@ -59,6 +59,9 @@ class LocalNode:
     # process keeps its pid (`ip netns exec NAME`, `env LD_PRELOAD=...`).
     host: str = HOST
     command_prefix: list[str] = field(default_factory=list)
+    # The checkout whose packages the node runs (None: this one). A benchmark points it at a copy
+    # of another revision to measure both in one run.
+    code_root: Path | None = None
 
     @property
     def raft_address(self) -> str:
@@ -107,8 +110,9 @@ class LocalNode:
             raise RuntimeError(f"region {self.region} is already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        # The child must import this checkout's packages whatever the caller's directory.
-        root = str(Path(__file__).resolve().parent.parent)
+        # The child must import this checkout's packages (or `code_root`'s) whatever the caller's
+        # directory.
+        root = str(self.code_root or Path(__file__).resolve().parent.parent)
         environment["PYTHONPATH"] = os.pathsep.join(
             filter(None, [root, environment.get("PYTHONPATH")])
         )
@@ -201,8 +205,10 @@ class LocalCluster:
         raft_ports: list[int] | None = None,
         http_ports: list[int] | None = None,
         config_text: str | None = None,
+        code_root: Path | None = None,
     ) -> None:
-        """`config_text` is TOML every node reads before its flags (auth tokens, for one)."""
+        """`config_text` is TOML every node reads before its flags (auth tokens, for one);
+        `code_root` is the checkout the nodes run (default: this one)."""
         names = region_names or [f"r{position}" for position in range(size)]
         ports = free_ports(2 * len(names))
         raft_ports = raft_ports or ports[: len(names)]
@@ -228,6 +234,7 @@ class LocalCluster:
                     peers=[address for address in addresses if address != addresses[position]],
                     settings=node_settings,
                     config_path=config_path,
+                    code_root=code_root,
                 )
             )
 

@@ -1,0 +1,321 @@
+"""Raft messages and members' CPU per put: the working tree against a git revision, in one run.
+
+Two 3-member clusters on loopback run side by side for the whole benchmark: this checkout's
+nodes, and the nodes of `--against REV` (its tree exported with `git archive` to a temporary
+folder). Each node counts every message it sends to another member (a `sitecustomize` hook on
+pysyncobj's connection, loaded through PYTHONPATH only by the processes this benchmark starts).
+The load is bench/api.py's put (closed loop, requests round robin over the members); for each
+concurrency the two sides alternate round by round, and a side's figures are its messages over
+its puts, summed over the rounds, and the median of its members' CPU time per put (user and
+system, read from /proc over each timed window, bench/_load.py). This machine's speed moves by
+up to 2x within the hour: compare the two sides of one run, not runs.
+
+Run: `python bench/raft_messages.py [--against REV] [--durability fsync] [--concurrency 1,16,64]
+[--duration 4] [--warmup 1] [--rounds 3] [--json PATH]` (about 1.5 minutes with the defaults).
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# As in bench/api.py: run as a script, this folder would shadow the `raftstore` package.
+_BENCH_DIRECTORY = Path(__file__).resolve().parent
+sys.path[:] = [str(_BENCH_DIRECTORY.parent)] + [
+    entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH_DIRECTORY
+]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import collections  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from typing import Any  # noqa: E402
+
+from bench import api  # noqa: E402
+from bench._load import CellResult, run_cell  # noqa: E402
+from bench._revision import ROOT  # noqa: E402
+from bench.durability import MODES, XrDurabilitySystem, _concurrencies  # noqa: E402
+
+__all__ = ["main"]
+
+PROGRAM = "raft_messages"
+COUNTS_DIRECTORY = "XR_BENCH_MESSAGE_COUNTS"
+# Loaded by the nodes this benchmark starts: counts what each sends, by message type, and writes
+# the counts (with how many times it wrote them) to COUNTS_DIRECTORY/<pid>.json on SIGUSR2.
+_HOOK = """
+import collections, json, os, signal
+
+directory = os.environ.get("XR_BENCH_MESSAGE_COUNTS")
+if directory:
+    from pysyncobj import tcp_connection
+
+    counts = collections.Counter()
+    dumps = [0]
+    original = tcp_connection.TcpConnection.send
+
+    def send(connection, message):
+        kind = message.get("type") if isinstance(message, dict) else None
+        counts[kind if isinstance(kind, str) else type(message).__name__] += 1
+        return original(connection, message)
+
+    def dump(*_):
+        dumps[0] += 1
+        path = os.path.join(directory, f"{os.getpid()}.json")
+        with open(path + ".tmp", "w") as file:
+            json.dump({"dumps": dumps[0], "counts": counts}, file)
+        os.replace(path + ".tmp", path)
+
+    tcp_connection.TcpConnection.send = send
+    signal.signal(signal.SIGUSR2, dump)
+"""
+COUNTS_WAIT_S = 5.0
+LEASE_TTL_S = 60
+
+
+def _export(revision: str, folder: Path) -> None:
+    """The tree of `revision` into `folder`; a revision git cannot read exits with a message."""
+    try:
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", revision], cwd=ROOT, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        stderr = getattr(error, "stderr", b"") or b""
+        detail = stderr.decode(errors="replace").strip() or str(error)
+        raise SystemExit(f"{PROGRAM}: cannot read revision {revision!r}: {detail}") from None
+
+
+def _counts(directory: Path, pids: Sequence[int]) -> collections.Counter[str]:
+    """Messages sent so far by the processes `pids`, by type, summed."""
+    total: collections.Counter[str] = collections.Counter()
+    for pid in pids:
+        path = directory / f"{pid}.json"
+        before = json.loads(path.read_text())["dumps"] if path.exists() else 0
+        os.kill(pid, signal.SIGUSR2)
+        deadline_s = time.monotonic() + COUNTS_WAIT_S
+        while True:
+            document: dict[str, Any] = (
+                json.loads(path.read_text()) if path.exists() else {"dumps": 0}
+            )
+            if document["dumps"] > before:
+                counts: dict[str, int] = document["counts"]
+                total.update(counts)
+                break
+            if time.monotonic() > deadline_s:
+                raise RuntimeError(f"node {pid} did not report its message counts")
+            time.sleep(0.01)
+    return total
+
+
+def run(arguments: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="xr-bench-raft-messages-") as directory:
+        root = Path(directory)
+        (root / "hook").mkdir()
+        (root / "hook" / "sitecustomize.py").write_text(_HOOK)
+        (root / "counts").mkdir()
+        (root / "revision").mkdir()
+        _export(arguments.against, root / "revision")
+        os.environ[COUNTS_DIRECTORY] = str(root / "counts")
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(root / "hook"), os.environ.get("PYTHONPATH")])
+        )
+        sides = {"this tree": None, arguments.against: root / "revision"}
+        systems: dict[str, XrDurabilitySystem] = {}
+        stoppers: list[Callable[[], None]] = []
+        try:
+            for label, code_root in sides.items():
+                system = XrDurabilitySystem(
+                    root,
+                    durability=arguments.durability,
+                    name=f"side-{len(systems)}",
+                    code_root=code_root,
+                )
+                stoppers.append(system.stop)
+                system.start()
+                systems[label] = system
+            print(
+                f"durability {arguments.durability}; {arguments.rounds} round(s) of "
+                f"{arguments.warmup} s warm-up + {arguments.duration} s per concurrency and side; "
+                f"{api.SPREAD}",
+                flush=True,
+            )
+            with api._event_loop_runner() as runner:
+                cells = [
+                    _cell(runner, systems, root / "counts", concurrency, arguments)
+                    for concurrency in arguments.concurrency
+                ]
+        finally:
+            api._stop_all(stoppers)
+    return _report(cells, arguments)
+
+
+def _put(
+    runner: asyncio.Runner,
+    system: XrDurabilitySystem,
+    concurrency: int,
+    duration_s: float,
+    tag: str,
+) -> CellResult:
+    # No warm-up inside the cell: the messages counted around it are the window's (and the
+    # drain's, at most `concurrency` puts more than the window counts).
+    result: CellResult = runner.run(
+        run_cell(
+            system.operation("put", tag=tag, lease_ttl_s=LEASE_TTL_S),
+            system.urls,
+            concurrency=concurrency,
+            warmup_s=0.0,
+            duration_s=duration_s,
+            request_timeout_s=api.REQUEST_TIMEOUT_S,
+            error_code=system.error_code,
+            cpu_pids=system.member_pids(),
+        )
+    )
+    return result
+
+
+def _cell(
+    runner: asyncio.Runner,
+    systems: dict[str, XrDurabilitySystem],
+    counts_directory: Path,
+    concurrency: int,
+    arguments: argparse.Namespace,
+) -> dict[str, Any]:
+    puts = {label: 0 for label in systems}
+    sent = {label: collections.Counter[str]() for label in systems}
+    cpu: dict[str, list[float]] = {label: [] for label in systems}
+    for round_number in range(arguments.rounds):
+        for label, system in systems.items():
+            pids = system.member_pids()
+            if arguments.warmup > 0:
+                _put(
+                    runner,
+                    system,
+                    concurrency,
+                    arguments.warmup,
+                    f"c{concurrency}-r{round_number}w",
+                )
+            before = _counts(counts_directory, pids)
+            result = _put(
+                runner, system, concurrency, arguments.duration, f"c{concurrency}-r{round_number}"
+            )
+            after = _counts(counts_directory, pids)
+            after.subtract(before)
+            system.check_alive()
+            puts[label] += result.operations
+            sent[label].update(after)
+            if result.members_cpu_us_per_op is not None:
+                cpu[label].append(result.members_cpu_us_per_op)
+            per_put = sum(after.values()) / result.operations if result.operations else math.nan
+            print(
+                f"c={concurrency:<3} round {round_number + 1}/{arguments.rounds} {label:<12} "
+                f"{result.ops_per_s:>9,.0f} puts/s, {per_put:.2f} messages per put, failed "
+                f"{api._failures_text(result.failures)}",
+                flush=True,
+            )
+    return {
+        "concurrency": concurrency,
+        "sides": {
+            label: {
+                "puts": puts[label],
+                "messages_per_put": sum(sent[label].values()) / puts[label]
+                if puts[label]
+                else None,
+                "by_type": {
+                    kind: count / puts[label]
+                    for kind, count in sorted(sent[label].items())
+                    if count > 0 and puts[label]
+                },
+                "members_cpu_us_per_put": statistics.median(cpu[label]) if cpu[label] else None,
+            }
+            for label in systems
+        },
+    }
+
+
+def _ratio(this: float | None, reference: float | None) -> float | None:
+    return this / reference if this is not None and reference else None
+
+
+def _report(cells: list[dict[str, Any]], arguments: argparse.Namespace) -> dict[str, Any]:
+    reference = arguments.against
+    print(f"\nput, durability {arguments.durability}, {arguments.rounds} round(s) per side\n")
+    print("| concurrency | side | puts counted | messages per put | members' CPU per put |")
+    print("|---:|---|---:|---:|---:|")
+    verdicts = []
+    for cell in cells:
+        for label, side in cell["sides"].items():
+            messages = side["messages_per_put"]
+            cpu = side["members_cpu_us_per_put"]
+            print(
+                f"| {cell['concurrency']} | {label} | {side['puts']:,} | "
+                f"{'-' if messages is None else f'{messages:.2f}'} | "
+                f"{'-' if cpu is None else f'{cpu:,.0f} us'} |"
+            )
+        this, other = cell["sides"]["this tree"], cell["sides"][reference]
+        cell["ratio_messages"] = _ratio(this["messages_per_put"], other["messages_per_put"])
+        cell["ratio_members_cpu"] = _ratio(
+            this["members_cpu_us_per_put"], other["members_cpu_us_per_put"]
+        )
+        verdicts.append(
+            f"c={cell['concurrency']}: this tree / {reference}: messages per put "
+            f"{api._ratio_text(cell['ratio_messages'] or math.nan)}, members' CPU per put "
+            f"{api._ratio_text(cell['ratio_members_cpu'] or math.nan)}"
+        )
+    print()
+    for verdict in verdicts:
+        print(verdict)
+    return {
+        "benchmark": PROGRAM,
+        "against": reference,
+        "durability": arguments.durability,
+        "rounds": arguments.rounds,
+        "cells": cells,
+    }
+
+
+def _positive(kind: type[float] | type[int]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0: {text}")
+        return value
+
+    return parse
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--against", default="HEAD", help="the git revision to compare (HEAD)")
+    parser.add_argument("--durability", choices=MODES, default="fsync", help="raft.durability")
+    parser.add_argument("--concurrency", type=_concurrencies, default=[1, 16, 64])
+    parser.add_argument("--duration", type=_positive(float), default=4.0, help="seconds (4)")
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="seconds of puts before each counted cell (1)"
+    )
+    parser.add_argument("--rounds", type=_positive(int), default=3, help="rounds per side (3)")
+    parser.add_argument("--json", type=Path, help="write every figure to this file as JSON")
+    arguments = parser.parse_args(argv)
+    if arguments.warmup < 0:
+        parser.error("--warmup must be 0 or more")
+    with api._sigterm_as_exit():
+        document = run(arguments)
+    if arguments.json is not None:
+        arguments.json.write_text(json.dumps(document, indent=2))
+    print(json.dumps(document))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

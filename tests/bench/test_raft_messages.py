@@ -1,0 +1,50 @@
+"""bench/raft_messages.py: Raft messages and members' CPU per put, the working tree against a
+revision, in one run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.bench._script import run_script
+
+pytestmark = pytest.mark.integration
+
+
+def _run(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return run_script("raft_messages.py", *arguments)
+
+
+def test_counts_every_sides_messages_and_prints_this_tree_over_the_revision() -> None:
+    ran = _run(
+        "--against", "HEAD", "--durability", "write", "--concurrency", "4",
+        "--duration", "1", "--warmup", "0", "--rounds", "1",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.strip().splitlines()
+    rows = [line for line in lines if line.startswith("| 4 |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["this tree", "HEAD"]
+    assert "c=4: this tree / HEAD: messages per put " in ran.stdout
+    figures = json.loads(lines[-1])
+    assert figures["benchmark"] == "raft_messages" and figures["against"] == "HEAD"
+    (cell,) = figures["cells"]
+    for side in cell["sides"].values():
+        assert side["puts"] > 0
+        # Every put is replicated: each follower gets its entry and answers.
+        assert side["by_type"]["append_entries"] > 0 and side["by_type"]["next_node_idx"] > 0
+        assert side["messages_per_put"] == pytest.approx(sum(side["by_type"].values()))
+        assert side["members_cpu_us_per_put"] > 0
+    assert cell["ratio_messages"] > 0 and cell["ratio_members_cpu"] > 0
+
+
+def test_bad_arguments_and_an_unknown_revision_are_refused_without_a_traceback() -> None:
+    ran = _run("--rounds", "0")
+    assert ran.returncode == 2 and "must be above 0" in ran.stderr
+    ran = _run("--warmup", "-1")
+    assert ran.returncode == 2 and "--warmup must be 0 or more" in ran.stderr
+    ran = _run("--against", "no-such-revision-x", "--rounds", "1")
+    assert ran.returncode == 1
+    assert "raft_messages: cannot read revision 'no-such-revision-x'" in ran.stderr
+    assert "Traceback" not in ran.stderr
