@@ -74,7 +74,6 @@ T = TypeVar("T")
 _journal_module: Any = importlib.import_module("pysyncobj.journal")
 # SyncObj's tick, which `Replica._onTick` wraps (not in the stub).
 _sync_obj_on_tick: Callable[[Any, float], None] = getattr(SyncObj, "_onTick")  # noqa: B009
-_sync_obj_check_commands: Callable[[Any], None] = getattr(SyncObj, "_checkCommandsToApply")  # noqa: B009
 
 # xr's pre-vote messages (`Replica._may_campaign`); pysyncobj never sees them.
 PRE_VOTE = "xr_pre_vote"
@@ -433,9 +432,6 @@ class Replica(SyncObj):
         pysyncobj's own (`raftstore.loop_poller.LoopPoller` runs it on an event loop)."""
         # Set before SyncObj.__init__, which may load a snapshot and replay the journal.
         self.machine = StateMachine(limits)
-        # Appends held while the tick takes commands (`_checkCommandsToApply`).
-        self._appends_held = False
-        self._appends_wanted = False
         self.state_lock = threading.Lock()
         self.on_applied = on_applied
         self.durable = config.durability == "fsync"
@@ -556,29 +552,9 @@ class Replica(SyncObj):
 
     # Overrides SyncObj's private method, as above.
     def _SyncObj__sendAppendEntries(self) -> None:
-        if self._appends_held:
-            self._appends_wanted = True
-            return
         # Every follower gets a message holding the commit index: nothing is held back anymore.
         self._commit_notice_due_s = 0.0
         getattr(SyncObj, "_SyncObj__sendAppendEntries")(self)  # noqa: B009
-
-    # Appends, one message per follower per tick. pysyncobj's leader (batching off) sends every
-    # follower an append_entries message for each command it takes from its queue, and each
-    # follower answers each one: with k groups waiting (the leader's own and those its followers
-    # forwarded), k messages and k answers per follower, each holding one entry. The tick takes
-    # them all first and then sends once, so each follower gets one message with the k entries.
-    # Sending an entry later within the same tick changes nothing Raft relies on.
-    def _checkCommandsToApply(self) -> None:
-        self._appends_held = True
-        try:
-            _sync_obj_check_commands(self)
-        finally:
-            self._appends_held = False
-        if self._appends_wanted:
-            self._appends_wanted = False
-            if self._isLeader():
-                self._SyncObj__sendAppendEntries()
 
     def _send_due_commit_notice(self) -> None:
         due_s = self._commit_notice_due_s

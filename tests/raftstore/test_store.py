@@ -473,49 +473,6 @@ def test_write_forwarded_by_a_follower__its_commit_is_announced_in_the_tick_that
     )
 
 
-def test_groups_taken_in_one_tick__reach_each_follower_in_one_message(tmp_path: Path) -> None:
-    """pysyncobj's leader sends every follower a message for each command it takes from its
-    queue; the leader's own groups and those its followers forwarded, taken in one tick, go to
-    each follower in one message instead. Without that every entry is a message of its own."""
-
-    async def body(stores: list[RaftStore]) -> None:
-        leader = await _leader(stores)
-        sent = _SentToFollowers(leader)
-        replica: Any = leader.replica
-        journal = replica._SyncObj__raftLog
-        add = journal.add
-        appended_in_tick: dict[int, int] = {}
-
-        def counting_add(*arguments: Any, **keywords: Any) -> Any:
-            appended_in_tick[sent.tick] = appended_in_tick.get(sent.tick, 0) + 1
-            return add(*arguments, **keywords)
-
-        journal.add = counting_add
-        seqs = iter(range(1, 10_000))
-        for _ in range(20):
-            await asyncio.gather(
-                *(
-                    store.propose(KvPut(key="k", value=b"v"), client_id=f"c{index}", seq=next(seqs))
-                    for index, store in enumerate(stores)
-                    for _ in range(8)
-                )
-            )
-        appends = sum(appended_in_tick.values())
-        # Several groups were taken together in some ticks: the case this is about.
-        assert len(appended_in_tick) < appends, appended_in_tick
-        for store in stores:
-            if store is leader:
-                continue
-            address = store.config.self_address
-            carrying = sum(
-                1 for _, node, entries, _ in sent.messages if entries and node == address
-            )
-            # One per tick that appended, not one per entry.
-            assert carrying <= len(appended_in_tick), (carrying, appends, appended_in_tick)
-
-    _run(body, _configs(tmp_path, lease_tick_interval_s=30.0))
-
-
 def test_under_uvloop__an_idle_cluster_keeps_its_leader_and_ticks_raise_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
