@@ -28,7 +28,7 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -179,6 +179,9 @@ class CellResult:
     # (`cpu_pids`) and the load generator's; None when not measured or nothing was counted.
     members_cpu_us_per_op: float | None = None
     driver_cpu_us_per_op: float | None = None
+    # Disk syncs per counted operation during the window, all members together (`sync_count`);
+    # None when not measured.
+    syncs_per_op: float | None = None
 
     @property
     def failed(self) -> int:
@@ -195,6 +198,7 @@ class CellResult:
             "failures": dict(self.failures),
             "members_cpu_us_per_op": self.members_cpu_us_per_op,
             "driver_cpu_us_per_op": self.driver_cpu_us_per_op,
+            "syncs_per_op": self.syncs_per_op,
         }
 
 
@@ -239,6 +243,18 @@ async def _measure_cpu(window: _Window, pids: Sequence[int], use: _CpuUse) -> No
     if members_start is not None and members_end is not None:
         use.members_s = members_end - members_start
     use.driver_s = driver_end - driver_start
+
+
+async def _measure_count(
+    window: _Window, count: Callable[[], Awaitable[float | None]], counted: list[float]
+) -> None:
+    """Appends to `counted` how much `count()` grew over the window, if both reads worked."""
+    await asyncio.sleep(max(window.start_s - time.perf_counter(), 0.0))
+    start = await count()
+    await asyncio.sleep(max(window.end_s - time.perf_counter(), 0.0))
+    end = await count()
+    if start is not None and end is not None:
+        counted.append(end - start)
 
 
 def _per_op_us(seconds: float | None, operations: int) -> float | None:
@@ -299,10 +315,12 @@ async def run_cell(
     request_timeout_s: float,
     error_code: ErrorCode,
     cpu_pids: Sequence[int] = (),
+    sync_count: Callable[[], Awaitable[float | None]] | None = None,
 ) -> CellResult:
     """`concurrency` workers doing `operation` back to back: `warmup_s` unmeasured, then
     `duration_s` measured; with `cpu_pids`, the CPU time those processes and this one used
-    in the window too."""
+    in the window too, and with `sync_count` (the system's disk syncs so far, or None when
+    they cannot be read) how many it made in the window."""
     assert concurrency >= 1 and duration_s > 0 and warmup_s >= 0
     async with Endpoints(
         urls,
@@ -315,10 +333,13 @@ async def run_cell(
         started_s = time.perf_counter()
         window = _Window(start_s=started_s + warmup_s, end_s=started_s + warmup_s + duration_s)
         cpu = _CpuUse()
+        syncs: list[float] = []
         try:
             tasks = [asyncio.create_task(_work(worker, operation, window)) for worker in workers]
             if cpu_pids:
                 tasks.append(asyncio.create_task(_measure_cpu(window, cpu_pids, cpu)))
+            if sync_count is not None:
+                tasks.append(asyncio.create_task(_measure_count(window, sync_count, syncs)))
             try:
                 async with asyncio.timeout(
                     warmup_s + duration_s + request_timeout_s + DRAIN_MARGIN_S
@@ -346,4 +367,5 @@ async def run_cell(
         failures=dict(window.failures),
         members_cpu_us_per_op=_per_op_us(cpu.members_s, operations),
         driver_cpu_us_per_op=_per_op_us(cpu.driver_s, operations),
+        syncs_per_op=syncs[0] / operations if syncs and operations else None,
     )

@@ -62,6 +62,9 @@ from dataclasses import dataclass  # noqa: E402
 from types import FrameType  # noqa: E402
 from typing import Any, Protocol  # noqa: E402
 
+import aiohttp  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
 from bench._load import CellResult, Operation, OperationFailed, Worker, run_cell  # noqa: E402
 from node.localcluster import LocalCluster  # noqa: E402
 
@@ -81,6 +84,11 @@ CELL_S_MAX = 3_000.0
 XR_READY_TIMEOUT_S = 60.0
 ETCD_START_TIMEOUT_S = 300.0
 ETCD_STOP_TIMEOUT_S = 60.0
+# Disk syncs, read from each member's /metrics at a cell's window start and end: xr's journal
+# syncs (`fsync` mode), etcd's WAL fsyncs (a histogram's count).
+METRICS_TIMEOUT_S = 10.0
+XR_SYNCS_SAMPLE = "xr_raft_journal_syncs_total"
+ETCD_SYNCS_SAMPLE = "etcd_disk_wal_fsync_duration_seconds_count"
 ETCD_SCRIPT = Path(
     os.environ.get("XR_ETCD_CLUSTER", "/work/shared/anchors/etcd-cluster")
 )  # `anchors/etcd-cluster` beside the design notes
@@ -141,6 +149,36 @@ class System(Protocol):
 
     def member_pids(self) -> list[int]: ...
 
+    async def sync_count(self) -> float | None: ...
+
+
+async def metric_sum(urls: Sequence[str], sample: str) -> float | None:
+    """The sum over the members at `urls` of the Prometheus sample named `sample` (all its
+    labels) on each one's `/metrics`; None when a member cannot be read or has no such
+    sample."""
+    total = 0.0
+    try:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=METRICS_TIMEOUT_S)
+        ) as session:
+            for url in urls:
+                async with session.get(f"{url}/metrics") as response:
+                    if response.status != 200:
+                        return None
+                    text = await response.text()
+                values = [
+                    found.value
+                    for family in text_string_to_metric_families(text)
+                    for found in family.samples
+                    if found.name == sample
+                ]
+                if not values:
+                    return None
+                total += sum(values)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    return total
+
 
 def _value(worker: Worker) -> str:
     """A 64-byte value that no other write in the run has, so a read can tell it apart."""
@@ -173,6 +211,10 @@ class XrSystem:
 
     def member_pids(self) -> list[int]:
         return [node.process.pid for node in self.cluster.nodes if node.process is not None]
+
+    async def sync_count(self) -> float | None:
+        # Counted in `fsync` mode only (docs/durability.md); 0 in `write` mode.
+        return await metric_sum(self.urls, XR_SYNCS_SAMPLE)
 
     def leader(self) -> str:
         node = self.cluster.leader()
@@ -330,6 +372,9 @@ class EtcdSystem:
 
     def member_pids(self) -> list[int]:
         return sorted(self._member_pids())
+
+    async def sync_count(self) -> float | None:
+        return await metric_sum(self.urls, ETCD_SYNCS_SAMPLE)
 
     def stop(self) -> None:
         """Stops the members through the script, then kills by process id any it left."""
@@ -530,9 +575,10 @@ def _failures_text(failures: dict[str, int]) -> str:
 
 
 async def _measure(
-    systems: Sequence[System], arguments: argparse.Namespace
+    systems: Sequence[System], arguments: argparse.Namespace, *, count_syncs: bool = False
 ) -> dict[tuple[str, int], dict[str, list[CellResult]]]:
-    """Every cell, each system in turn within a round."""
+    """Every cell, each system in turn within a round; with `count_syncs`, each system's
+    disk syncs in the window too."""
     cells = [
         (operation, concurrency)
         for operation in arguments.ops
@@ -559,6 +605,7 @@ async def _measure(
                     request_timeout_s=REQUEST_TIMEOUT_S,
                     error_code=system.error_code,
                     cpu_pids=system.member_pids(),
+                    sync_count=system.sync_count if count_syncs else None,
                 )
                 system.check_alive()
                 per_system[system.name].append(result)
@@ -586,6 +633,8 @@ class Summary:
     # generator's (NaN where not measured).
     members_cpu_us_per_op: float = math.nan
     driver_cpu_us_per_op: float = math.nan
+    # Disk syncs per operation in the window, the members' together (NaN where not counted).
+    syncs_per_op: float = math.nan
 
     @classmethod
     def of(cls, rounds: Sequence[CellResult]) -> Summary:
@@ -603,6 +652,7 @@ class Summary:
             failures=dict(failures),
             members_cpu_us_per_op=median([result.members_cpu_us_per_op for result in rounds]),
             driver_cpu_us_per_op=median([result.driver_cpu_us_per_op for result in rounds]),
+            syncs_per_op=median([result.syncs_per_op for result in rounds]),
         )
 
     @property

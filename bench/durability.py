@@ -7,7 +7,10 @@ Three clusters of 3 members on loopback run for the whole benchmark: xr with dur
 the same put of a 64-byte value with xr's idempotency headers, requests spread round robin over
 the members, and for each concurrency the systems interleaved round by round; figures are
 medians over rounds. Each row also gives the CPU time the system's 3 members used together per
-put, and the load generator's, during the timed windows (bench/_load.py). The target
+put, and the load generator's, during the timed windows (bench/_load.py), and the disk syncs
+the 3 members made together per put in those windows, read from their `/metrics` at each
+window's start and end (xr's `xr_raft_journal_syncs_total`, counted in `fsync` mode only, and
+etcd's WAL fsyncs, `etcd_disk_wal_fsync_duration_seconds_count`). The target
 (docs/durability.md): xr with fsync at least 1.0x etcd's put throughput.
 
 Run: `python bench/durability.py [--duration 3] [--warmup 1] [--rounds 3]
@@ -70,14 +73,18 @@ def _microseconds(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:,.0f} us"
 
 
+def _syncs(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
 def _row(concurrency: int, name: str, summary: api.Summary, versus_etcd: float) -> str:
     return (
         f"| {concurrency} | {name} | {summary.ops_per_s:,.0f} | "
         f"{api._milliseconds(summary.latency_p50_ms)} | "
         f"{api._milliseconds(summary.latency_p99_ms)} | "
         f"{_microseconds(summary.members_cpu_us_per_op)} | "
-        f"{_microseconds(summary.driver_cpu_us_per_op)} | {summary.failed} | "
-        f"{api._ratio_text(versus_etcd)} |"
+        f"{_microseconds(summary.driver_cpu_us_per_op)} | {_syncs(summary.syncs_per_op)} | "
+        f"{summary.failed} | {api._ratio_text(versus_etcd)} |"
     )
 
 
@@ -107,7 +114,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
             with api._event_loop_runner() as runner:
-                results = runner.run(api._measure(systems, arguments))
+                results = runner.run(api._measure(systems, arguments, count_syncs=True))
         finally:
             api._stop_all(stoppers)
     return _report(results, arguments)
@@ -119,9 +126,9 @@ def _report(
     print(f"\nput, median of {arguments.rounds} interleaved round(s)\n")
     print(
         "| concurrency | system | ops/s | p50 | p99 | CPU per put, 3 members | CPU per put, "
-        "load generator | failed | vs etcd |"
+        "load generator | syncs per put, 3 members | failed | vs etcd |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     cells: list[dict[str, Any]] = []
     verdicts: list[str] = []
     for (_, concurrency), per_system in results.items():
@@ -132,11 +139,13 @@ def _report(
         for name, summary in summaries.items():
             print(_row(concurrency, name, summary, api._ratio(summary.ops_per_s, etcd.ops_per_s)))
         cpu_versus_etcd = api._ratio(fsync.members_cpu_us_per_op, etcd.members_cpu_us_per_op)
+        syncs_versus_etcd = api._ratio(fsync.syncs_per_op, etcd.syncs_per_op)
         verdicts.append(
             f"c={concurrency}: xr-fsync / etcd {api._ratio_text(versus_etcd)} (target >= "
             f"{RATIO_MIN:g}x: {'met' if versus_etcd >= RATIO_MIN else 'NOT met'}); "
             f"xr-fsync / xr-write {api._ratio_text(versus_write)}; members' CPU per put "
-            f"xr-fsync / etcd {api._ratio_text(cpu_versus_etcd)}"
+            f"xr-fsync / etcd {api._ratio_text(cpu_versus_etcd)}; syncs per put "
+            f"xr-fsync / etcd {api._ratio_text(syncs_versus_etcd)}"
         )
         cells.append(
             {
@@ -149,12 +158,14 @@ def _report(
                         "failed": summary.failed,
                         "members_cpu_us_per_op": api._number(summary.members_cpu_us_per_op),
                         "driver_cpu_us_per_op": api._number(summary.driver_cpu_us_per_op),
+                        "syncs_per_op": api._number(summary.syncs_per_op),
                     }
                     for name, summary in summaries.items()
                 },
                 "ratio_fsync_vs_etcd": api._number(versus_etcd),
                 "ratio_fsync_vs_write": api._number(versus_write),
                 "ratio_members_cpu_fsync_vs_etcd": api._number(cpu_versus_etcd),
+                "ratio_syncs_fsync_vs_etcd": api._number(syncs_versus_etcd),
                 "target_met": bool(versus_etcd >= RATIO_MIN)
                 if not math.isnan(versus_etcd)
                 else None,
