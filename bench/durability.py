@@ -1,20 +1,23 @@
 """What fsync costs: xr put with `raft.durability = "fsync"` against the default mode and etcd 3.4.
 
-Three clusters of 3 members on loopback run for the whole benchmark: xr with durability "write"
+Four clusters of 3 members on loopback run for the whole benchmark: xr with durability "write"
 (the default: the journal reaches the page cache before a write is acknowledged), xr with
-"fsync" (it reaches the disk), and etcd 3.4 with fsync (etcd's default), started by
-`anchors/etcd-cluster`. The machinery is bench/api.py's: the same closed-loop load generator,
-the same put of a 64-byte value with xr's idempotency headers, requests spread round robin over
-the members, and for each concurrency the systems interleaved round by round; figures are
-medians over rounds. Each row also gives the CPU time the system's 3 members used together per
-put, and the load generator's, during the timed windows (bench/_load.py), and the disk syncs
-the 3 members made together per put in those windows, read from their `/metrics` at each
-window's start and end (xr's `xr_raft_journal_syncs_total`, counted in `fsync` mode only, and
-etcd's WAL fsyncs, `etcd_disk_wal_fsync_duration_seconds_count`). The target
-(docs/durability.md): xr with fsync at least 1.0x etcd's put throughput.
+"fsync" (it reaches the disk), etcd 3.4 with fsync (etcd's default) and etcd 3.4 with
+`--unsafe-no-fsync`, both started by `anchors/etcd-cluster`. The last is the like-for-like
+reference for xr's `write` mode, so each run also shows what the sync costs each system (fsync /
+no fsync) and how the two compare without it. The machinery is bench/api.py's: the same
+closed-loop load generator, the same put of a 64-byte value with xr's idempotency headers,
+requests spread round robin over the members, and for each concurrency the systems interleaved
+round by round; figures are medians over rounds. Each row also gives the CPU time the system's 3
+members used together per put, and the load generator's, during the timed windows
+(bench/_load.py), and the disk syncs the 3 members made together per put in those windows, read
+from their `/metrics` at each window's start and end (xr's `xr_raft_journal_syncs_total`,
+counted in `fsync` mode only, and etcd's WAL fsyncs,
+`etcd_disk_wal_fsync_duration_seconds_count`). The target (docs/durability.md): xr with fsync at
+least 1.0x etcd's put throughput.
 
 Run: `python bench/durability.py [--duration 3] [--warmup 1] [--rounds 3]
-[--concurrency 1,16,64] [--json PATH]` (about 2.5 minutes with the defaults). The last line is one
+[--concurrency 1,16,64] [--json PATH]` (about 3.5 minutes with the defaults). The last line is one
 JSON object.
 """
 
@@ -44,6 +47,7 @@ __all__ = ["main", "run"]
 
 MODES = ("write", "fsync")
 RATIO_MIN = 1.0
+ETCD_NO_FSYNC = "etcd-nofsync"
 
 
 class XrDurabilitySystem(api.XrSystem):
@@ -101,12 +105,16 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
                 stoppers.append(system.stop)
                 system.start()
                 xr_systems.append(system)
-            etcd = api.EtcdSystem(
-                root, name="etcd", fsync=True, base_port=api._etcd_base_ports(1)[0]
-            )
+            base_ports = api._etcd_base_ports(2)
+            etcd = api.EtcdSystem(root, name="etcd", fsync=True, base_port=base_ports[0])
             stoppers.append(etcd.stop)
             etcd.start()
-            systems: list[api.System] = [*xr_systems, etcd]
+            etcd_nofsync = api.EtcdSystem(
+                root, name=ETCD_NO_FSYNC, fsync=False, base_port=base_ports[1]
+            )
+            stoppers.append(etcd_nofsync.stop)
+            etcd_nofsync.start()
+            systems: list[api.System] = [*xr_systems, etcd, etcd_nofsync]
             print(
                 f"{etcd.version()}; xr leaders: {[system.leader() for system in xr_systems]}\n"
                 f"{arguments.rounds} round(s) of {arguments.warmup} s warm-up + "
@@ -134,8 +142,11 @@ def _report(
     for (_, concurrency), per_system in results.items():
         summaries = {name: api.Summary.of(rounds) for name, rounds in per_system.items()}
         fsync, write, etcd = summaries["xr-fsync"], summaries["xr-write"], summaries["etcd"]
+        etcd_nofsync = summaries[ETCD_NO_FSYNC]
         versus_etcd = api._ratio(fsync.ops_per_s, etcd.ops_per_s)
         versus_write = api._ratio(fsync.ops_per_s, write.ops_per_s)
+        etcd_versus_nofsync = api._ratio(etcd.ops_per_s, etcd_nofsync.ops_per_s)
+        write_versus_nofsync = api._ratio(write.ops_per_s, etcd_nofsync.ops_per_s)
         for name, summary in summaries.items():
             print(_row(concurrency, name, summary, api._ratio(summary.ops_per_s, etcd.ops_per_s)))
         cpu_versus_etcd = api._ratio(fsync.members_cpu_us_per_op, etcd.members_cpu_us_per_op)
@@ -143,9 +154,12 @@ def _report(
         verdicts.append(
             f"c={concurrency}: xr-fsync / etcd {api._ratio_text(versus_etcd)} (target >= "
             f"{RATIO_MIN:g}x: {'met' if versus_etcd >= RATIO_MIN else 'NOT met'}); "
-            f"xr-fsync / xr-write {api._ratio_text(versus_write)}; members' CPU per put "
+            f"members' CPU per put "
             f"xr-fsync / etcd {api._ratio_text(cpu_versus_etcd)}; syncs per put "
-            f"xr-fsync / etcd {api._ratio_text(syncs_versus_etcd)}"
+            f"xr-fsync / etcd {api._ratio_text(syncs_versus_etcd)}; what the sync costs: "
+            f"xr-fsync / xr-write {api._ratio_text(versus_write)}, etcd / etcd-nofsync "
+            f"{api._ratio_text(etcd_versus_nofsync)}; without it: xr-write / etcd-nofsync "
+            f"{api._ratio_text(write_versus_nofsync)}"
         )
         cells.append(
             {
@@ -166,6 +180,8 @@ def _report(
                 "ratio_fsync_vs_write": api._number(versus_write),
                 "ratio_members_cpu_fsync_vs_etcd": api._number(cpu_versus_etcd),
                 "ratio_syncs_fsync_vs_etcd": api._number(syncs_versus_etcd),
+                "ratio_etcd_vs_etcd_nofsync": api._number(etcd_versus_nofsync),
+                "ratio_write_vs_etcd_nofsync": api._number(write_versus_nofsync),
                 "target_met": bool(versus_etcd >= RATIO_MIN)
                 if not math.isnan(versus_etcd)
                 else None,
