@@ -395,11 +395,11 @@ class Outbox:
     # itself toward a commit only on a later tick, after the sync below.
     _BEFORE_SYNC = frozenset({"append_entries", "apply_command_response"})
 
-    def flush(self) -> None:
+    def take(self) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """Every waiting message, split into the leading run of leader messages (which may leave
+        before the sync) and the rest (which must wait for it)."""
         with self._lock:
             messages, self._messages = self._messages, []
-        # The leading run of leader messages goes out at once, then the sync overlaps with the
-        # network round trip and the followers' own syncs; the rest (answers, votes) waits.
         early = 0
         while (
             early < len(messages)
@@ -407,10 +407,16 @@ class Outbox:
             and messages[early][1].get("type") in self._BEFORE_SYNC
         ):
             early += 1
-        for node, message in messages[:early]:
+        return messages[:early], messages[early:]
+
+    def flush(self) -> None:
+        # The leading run of leader messages goes out at once, then the sync overlaps with the
+        # network round trip and the followers' own syncs; the rest (answers, votes) waits.
+        early, rest = self.take()
+        for node, message in early:
             self._send(node, message)
         self.journal.sync()
-        for node, message in messages[early:]:
+        for node, message in rest:
             self._send(node, message)
 
 
