@@ -10,9 +10,20 @@ its puts, summed over the rounds, and the median of its members' CPU time per pu
 system, read from /proc over each timed window, bench/_load.py). This machine's speed moves by
 up to 2x within the hour: compare the two sides of one run, not runs.
 
+Each side's disk syncs per put are counted too (its members' `xr_raft_journal_syncs_total`, read
+at each window's start and end; `fsync` mode only).
+
+`--sync-stand-in KIND:SECONDS` (with `--durability fsync`) changes this tree's nodes only, to
+tell what fsync mode's cost is made of, against the revision's real syncs in the same run:
+`sleep` replaces the journal's `fdatasync` by a blocking sleep of SECONDS (the wait without the
+disk), and `hold` replaces the sync by a non-blocking hold: the messages that would wait for it
+are released SECONDS later by a timer on the node's event loop, which goes on meanwhile (the most
+a sync moved off the loop could gain; the leader counts itself toward commits at once, and no
+sync is counted). Both lose durability: measurement only, in the benchmark's own nodes.
+
 Run: `python bench/raft_messages.py [--against REV] [--durability fsync] [--concurrency 1,16,64]
-[--duration 4] [--warmup 1] [--rounds 3] [--json PATH]` (about 1.5 minutes with the defaults).
-The last line is one JSON object.
+[--duration 4] [--warmup 1] [--rounds 3] [--sync-stand-in sleep:0.0005] [--json PATH]` (about 1.5
+minutes with the defaults). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -76,7 +87,44 @@ if directory:
 
     tcp_connection.TcpConnection.send = send
     signal.signal(signal.SIGUSR2, dump)
+
+stand_in = os.environ.get("XR_BENCH_SYNC_STAND_IN")
+tree = os.environ.get("XR_BENCH_TREE")
+if stand_in and tree:
+    import asyncio, collections as _collections, pathlib, time
+    from raftstore import replica
+
+    # Only the nodes of the working tree: the revision's run from its exported copy.
+    if pathlib.Path(replica.__file__).resolve().is_relative_to(pathlib.Path(tree)):
+        kind, _, seconds_text = stand_in.partition(":")
+        seconds = float(seconds_text)
+        if kind == "sleep":
+            replica.journal_file_sync = lambda descriptor: time.sleep(seconds)
+        else:
+            def flush(outbox):
+                # Outbox.flush, with the sync replaced by a batch released `seconds` later.
+                early, rest = outbox.take()
+                for node, message in early:
+                    outbox._send(node, message)
+                batches = outbox.__dict__.setdefault("xr_batches", _collections.deque())
+                if outbox.journal.dirty:
+                    outbox.journal.dirty = False
+                    batches.append(list(rest))
+                    asyncio.get_running_loop().call_later(seconds, release, outbox)
+                elif batches:
+                    batches[-1].extend(rest)
+                else:
+                    for node, message in rest:
+                        outbox._send(node, message)
+
+            def release(outbox):
+                for node, message in outbox.xr_batches.popleft():
+                    outbox._send(node, message)
+
+            replica.Outbox.flush = flush
 """
+STAND_IN_KINDS = ("sleep", "hold")
+STAND_IN_SECONDS_MAX = 1.0
 COUNTS_WAIT_S = 5.0
 LEASE_TTL_S = 60
 
@@ -125,6 +173,9 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         (root / "revision").mkdir()
         _export(arguments.against, root / "revision")
         os.environ[COUNTS_DIRECTORY] = str(root / "counts")
+        if arguments.sync_stand_in is not None:
+            os.environ["XR_BENCH_SYNC_STAND_IN"] = arguments.sync_stand_in
+            os.environ["XR_BENCH_TREE"] = str(ROOT)
         os.environ["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(root / "hook"), os.environ.get("PYTHONPATH")])
         )
@@ -142,8 +193,11 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
                 stoppers.append(system.stop)
                 system.start()
                 systems[label] = system
+            stand_in = arguments.sync_stand_in
             print(
-                f"durability {arguments.durability}; {arguments.rounds} round(s) of "
+                f"durability {arguments.durability}"
+                f"{f' (this tree: sync stand-in {stand_in})' if stand_in else ''}; "
+                f"{arguments.rounds} round(s) of "
                 f"{arguments.warmup} s warm-up + {arguments.duration} s per concurrency and side; "
                 f"{api.SPREAD}",
                 flush=True,
@@ -177,6 +231,7 @@ def _put(
             request_timeout_s=api.REQUEST_TIMEOUT_S,
             error_code=system.error_code,
             cpu_pids=system.member_pids(),
+            sync_count=system.sync_count,
         )
     )
     return result
@@ -192,6 +247,7 @@ def _cell(
     puts = {label: 0 for label in systems}
     sent = {label: collections.Counter[str]() for label in systems}
     cpu: dict[str, list[float]] = {label: [] for label in systems}
+    syncs: dict[str, list[float]] = {label: [] for label in systems}
     for round_number in range(arguments.rounds):
         for label, system in systems.items():
             pids = system.member_pids()
@@ -214,6 +270,8 @@ def _cell(
             sent[label].update(after)
             if result.members_cpu_us_per_op is not None:
                 cpu[label].append(result.members_cpu_us_per_op)
+            if result.syncs_per_op is not None:
+                syncs[label].append(result.syncs_per_op)
             per_put = sum(after.values()) / result.operations if result.operations else math.nan
             print(
                 f"c={concurrency:<3} round {round_number + 1}/{arguments.rounds} {label:<12} "
@@ -235,6 +293,7 @@ def _cell(
                     if count > 0 and puts[label]
                 },
                 "members_cpu_us_per_put": statistics.median(cpu[label]) if cpu[label] else None,
+                "syncs_per_put": statistics.median(syncs[label]) if syncs[label] else None,
             }
             for label in systems
         },
@@ -248,17 +307,22 @@ def _ratio(this: float | None, reference: float | None) -> float | None:
 def _report(cells: list[dict[str, Any]], arguments: argparse.Namespace) -> dict[str, Any]:
     reference = arguments.against
     print(f"\nput, durability {arguments.durability}, {arguments.rounds} round(s) per side\n")
-    print("| concurrency | side | puts counted | messages per put | members' CPU per put |")
-    print("|---:|---|---:|---:|---:|")
+    print(
+        "| concurrency | side | puts counted | messages per put | members' CPU per put "
+        "| syncs per put |"
+    )
+    print("|---:|---|---:|---:|---:|---:|")
     verdicts = []
     for cell in cells:
         for label, side in cell["sides"].items():
             messages = side["messages_per_put"]
             cpu = side["members_cpu_us_per_put"]
+            syncs = side["syncs_per_put"]
             print(
                 f"| {cell['concurrency']} | {label} | {side['puts']:,} | "
                 f"{'-' if messages is None else f'{messages:.2f}'} | "
-                f"{'-' if cpu is None else f'{cpu:,.0f} us'} |"
+                f"{'-' if cpu is None else f'{cpu:,.0f} us'} | "
+                f"{'-' if syncs is None else f'{syncs:.2f}'} |"
             )
         this, other = cell["sides"]["this tree"], cell["sides"][reference]
         cell["ratio_messages"] = _ratio(this["messages_per_put"], other["messages_per_put"])
@@ -277,6 +341,7 @@ def _report(cells: list[dict[str, Any]], arguments: argparse.Namespace) -> dict[
         "benchmark": PROGRAM,
         "against": reference,
         "durability": arguments.durability,
+        "sync_stand_in": arguments.sync_stand_in,
         "rounds": arguments.rounds,
         "cells": cells,
     }
@@ -295,6 +360,20 @@ def _positive(kind: type[float] | type[int]) -> Callable[[str], Any]:
     return parse
 
 
+def _stand_in(text: str) -> str:
+    kind, _, seconds_text = text.partition(":")
+    try:
+        seconds = float(seconds_text)
+    except ValueError:
+        seconds = math.nan
+    if kind not in STAND_IN_KINDS or not 0 < seconds <= STAND_IN_SECONDS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"give sleep:SECONDS or hold:SECONDS, with 0 < SECONDS <= {STAND_IN_SECONDS_MAX:g}: "
+            f"{text!r}"
+        )
+    return f"{kind}:{seconds!r}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--against", default="HEAD", help="the git revision to compare (HEAD)")
@@ -305,10 +384,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--warmup", type=float, default=1.0, help="seconds of puts before each counted cell (1)"
     )
     parser.add_argument("--rounds", type=_positive(int), default=3, help="rounds per side (3)")
+    parser.add_argument(
+        "--sync-stand-in",
+        type=_stand_in,
+        metavar="KIND:SECONDS",
+        help="this tree's nodes replace the journal sync: sleep:S (blocking) or hold:S",
+    )
     parser.add_argument("--json", type=Path, help="write every figure to this file as JSON")
     arguments = parser.parse_args(argv)
     if arguments.warmup < 0:
         parser.error("--warmup must be 0 or more")
+    if arguments.sync_stand_in is not None and arguments.durability != "fsync":
+        parser.error("--sync-stand-in needs --durability fsync (write mode has no sync)")
     with api._sigterm_as_exit():
         document = run(arguments)
     if arguments.json is not None:

@@ -36,6 +36,8 @@ def test_counts_every_sides_messages_and_prints_this_tree_over_the_revision() ->
         assert side["by_type"]["append_entries"] > 0 and side["by_type"]["next_node_idx"] > 0
         assert side["messages_per_put"] == pytest.approx(sum(side["by_type"].values()))
         assert side["members_cpu_us_per_put"] > 0
+        # Write mode makes no sync, and the count says so.
+        assert side["syncs_per_put"] == 0
     assert cell["ratio_messages"] > 0 and cell["ratio_members_cpu"] > 0
 
 
@@ -47,4 +49,30 @@ def test_bad_arguments_and_an_unknown_revision_are_refused_without_a_traceback()
     ran = _run("--against", "no-such-revision-x", "--rounds", "1")
     assert ran.returncode == 1
     assert "raft_messages: cannot read revision 'no-such-revision-x'" in ran.stderr
+    assert "Traceback" not in ran.stderr
+
+
+def test_a_sync_stand_in_changes_only_this_trees_nodes() -> None:
+    # `hold` replaces the journal sync in this tree's nodes: they make no sync, while the
+    # revision's nodes, run from their exported copy, sync as usual.
+    ran = _run(
+        "--against", "HEAD", "--durability", "fsync", "--concurrency", "4",
+        "--duration", "1", "--warmup", "0", "--rounds", "1", "--sync-stand-in", "hold:0.0005",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    figures = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert figures["sync_stand_in"] == "hold:0.0005"
+    (cell,) = figures["cells"]
+    this, revision = cell["sides"]["this tree"], cell["sides"]["HEAD"]
+    assert this["puts"] > 0 and revision["puts"] > 0
+    assert this["syncs_per_put"] == 0
+    assert revision["syncs_per_put"] > 0
+
+
+def test_a_bad_sync_stand_in_is_refused_without_a_traceback() -> None:
+    for text in ("nap:0.001", "sleep:0", "hold:nan", "sleep:2", "sleep"):
+        ran = _run("--sync-stand-in", text)
+        assert ran.returncode == 2 and "give sleep:SECONDS or hold:SECONDS" in ran.stderr, text
+    ran = _run("--durability", "write", "--sync-stand-in", "sleep:0.001")
+    assert ran.returncode == 2 and "needs --durability fsync" in ran.stderr
     assert "Traceback" not in ran.stderr
