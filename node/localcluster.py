@@ -92,7 +92,9 @@ class LocalNode:
     def command(self) -> list[str]:
         command = [
             *self.command_prefix,
-            sys.executable, "-m", "node.cli", "node", "run",
+            # -P: `-m` would put the working directory first on the module path, and a node
+            # started from one checkout with `code_root` another would run the first one's code.
+            sys.executable, "-P", "-m", "node.cli", "node", "run",
             "--region", self.region,
             "--raft-address", self.raft_address,
             "--peers", ",".join(self.peers),
