@@ -21,9 +21,16 @@ are released SECONDS later by a timer on the node's event loop, which goes on me
 a sync moved off the loop could gain; the leader counts itself toward commits at once, and no
 sync is counted). Both lose durability: measurement only, in the benchmark's own nodes.
 
+`--disk-latency SECONDS` (with `--durability fsync`) stands for a slower disk on both sides:
+every journal sync sleeps SECONDS after its `fdatasync`, in the process that syncs (the node, or
+its sync helper where syncs run off the loop, `raft.background_sync`).
+
 Run: `python bench/raft_messages.py [--against REV] [--durability fsync] [--concurrency 1,16,64]
-[--duration 4] [--warmup 1] [--rounds 3] [--sync-stand-in sleep:0.0005] [--json PATH]` (about 1.5
-minutes with the defaults). The last line is one JSON object.
+[--duration 4] [--warmup 1] [--rounds 3] [--sync-stand-in sleep:0.0005] [--disk-latency 0.002]
+[--json PATH]` (about 1.5 minutes with the defaults). The last line is one JSON object.
+
+The revision's nodes run its own packages (`node.localcluster` starts them with `python -P`):
+before 472a068 they ran this checkout's, so earlier comparisons compared the tree with itself.
 """
 
 from __future__ import annotations
@@ -88,6 +95,31 @@ if directory:
     tcp_connection.TcpConnection.send = send
     signal.signal(signal.SIGUSR2, dump)
 
+disk_latency = os.environ.get("XR_BENCH_DISK_LATENCY")
+if disk_latency:
+    # A slower disk, on both sides: each journal sync sleeps this long after its fdatasync, in
+    # the process that syncs (the node, or its sync helper off the loop where there is one).
+    import time as _time
+    from raftstore import replica as _replica
+
+    _extra_s = float(disk_latency)
+
+    def _slower_sync(descriptor, _sync=os.fdatasync):
+        _sync(descriptor)
+        _time.sleep(_extra_s)
+
+    _replica.journal_file_sync = _slower_sync
+    try:
+        from raftstore import background_sync as _background_sync
+    except ImportError:  # a revision from before syncs off the loop
+        pass
+    else:
+        _synced = "os.fdatasync(descriptor)"
+        assert _synced in _background_sync._HELPER
+        _background_sync._HELPER = _background_sync._HELPER.replace(
+            _synced, f"{_synced}; __import__('time').sleep({_extra_s!r})"
+        )
+
 stand_in = os.environ.get("XR_BENCH_SYNC_STAND_IN")
 tree = os.environ.get("XR_BENCH_TREE")
 if stand_in and tree:
@@ -98,6 +130,8 @@ if stand_in and tree:
     if pathlib.Path(replica.__file__).resolve().is_relative_to(pathlib.Path(tree)):
         kind, _, seconds_text = stand_in.partition(":")
         seconds = float(seconds_text)
+        # The stand-ins replace a sync on the loop: none runs off it.
+        replica.Replica.sync_off_the_loop = lambda *args, **kwargs: None
         if kind == "sleep":
             replica.journal_file_sync = lambda descriptor: time.sleep(seconds)
         else:
@@ -125,6 +159,7 @@ if stand_in and tree:
 """
 STAND_IN_KINDS = ("sleep", "hold")
 STAND_IN_SECONDS_MAX = 1.0
+DISK_LATENCY_MAX_S = 0.1
 COUNTS_WAIT_S = 5.0
 LEASE_TTL_S = 60
 
@@ -176,6 +211,8 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         if arguments.sync_stand_in is not None:
             os.environ["XR_BENCH_SYNC_STAND_IN"] = arguments.sync_stand_in
             os.environ["XR_BENCH_TREE"] = str(ROOT)
+        if arguments.disk_latency is not None:
+            os.environ["XR_BENCH_DISK_LATENCY"] = repr(arguments.disk_latency)
         os.environ["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(root / "hook"), os.environ.get("PYTHONPATH")])
         )
@@ -193,10 +230,11 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
                 stoppers.append(system.stop)
                 system.start()
                 systems[label] = system
-            stand_in = arguments.sync_stand_in
+            stand_in, latency = arguments.sync_stand_in, arguments.disk_latency
             print(
                 f"durability {arguments.durability}"
-                f"{f' (this tree: sync stand-in {stand_in})' if stand_in else ''}; "
+                f"{f' (this tree: sync stand-in {stand_in})' if stand_in else ''}"
+                f"{f' (both: disk latency +{latency} s)' if latency else ''}; "
                 f"{arguments.rounds} round(s) of "
                 f"{arguments.warmup} s warm-up + {arguments.duration} s per concurrency and side; "
                 f"{api.SPREAD}",
@@ -342,6 +380,7 @@ def _report(cells: list[dict[str, Any]], arguments: argparse.Namespace) -> dict[
         "against": reference,
         "durability": arguments.durability,
         "sync_stand_in": arguments.sync_stand_in,
+        "disk_latency_s": arguments.disk_latency,
         "rounds": arguments.rounds,
         "cells": cells,
     }
@@ -390,8 +429,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KIND:SECONDS",
         help="this tree's nodes replace the journal sync: sleep:S (blocking) or hold:S",
     )
+    parser.add_argument(
+        "--disk-latency",
+        type=_positive(float),
+        metavar="SECONDS",
+        help="both sides: every journal sync takes SECONDS longer (a slower disk)",
+    )
     parser.add_argument("--json", type=Path, help="write every figure to this file as JSON")
     arguments = parser.parse_args(argv)
+    if arguments.disk_latency is not None and not arguments.disk_latency <= DISK_LATENCY_MAX_S:
+        parser.error(f"--disk-latency must be at most {DISK_LATENCY_MAX_S:g} s")
+    if arguments.disk_latency is not None and (
+        arguments.durability != "fsync" or arguments.sync_stand_in is not None
+    ):
+        parser.error("--disk-latency needs --durability fsync and no --sync-stand-in")
     if arguments.warmup < 0:
         parser.error("--warmup must be 0 or more")
     if arguments.sync_stand_in is not None and arguments.durability != "fsync":

@@ -85,6 +85,9 @@ class RaftSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # cache: it survives a crash of the process, not a power loss of a majority). "fsync": the
     # journal is synced to disk before the write is acknowledged.
     durability: Literal["write", "fsync"] = _raft_default("durability")
+    # With "fsync" on Linux: a helper process syncs the journal while the node goes on serving;
+    # false syncs in line, stopping the node's event loop for each sync (docs/durability.md).
+    background_sync: bool = _raft_default("background_sync")
     raft_min_timeout_s: float = _raft_default("raft_min_timeout_s")
     raft_max_timeout_s: float = _raft_default("raft_max_timeout_s")
     append_entries_period_s: float = _raft_default("append_entries_period_s")

@@ -104,6 +104,12 @@ class _StoreCollector(Collector):
             "The longest journal sync since the node started, in seconds.",
             status["journal_sync_s_max"] or 0.0,
         )
+        yield counter(
+            "xr_raft_commits_held_for_own_sync",
+            "Ticks in which this node, leading, held a commit back until its own journal sync "
+            "(off the event loop) had the entries, where its followers already had them.",
+            status["commits_held_for_own_sync"],
+        )
 
         def census(machine: Any) -> tuple[int, int, int, int, Counter[str], Counter[str]]:
             states: Counter[str] = Counter()

@@ -54,6 +54,9 @@ class RaftConfig:
     # "write": the journal is written (to the page cache) before a write is acknowledged;
     # "fsync": it is also synced to disk (docs/durability.md).
     durability: Literal["write", "fsync"] = "write"
+    # With "fsync" on Linux: a helper process syncs the journal while the event loop goes on
+    # (`raftstore.background_sync`); false syncs on the event loop, which stands still meanwhile.
+    background_sync: bool = True
 
     # Election timeout bounds: a follower that hears nothing for a random time in this range
     # starts an election. They bound failover time: the first of the followers times out after

@@ -26,6 +26,7 @@ group half applied.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import importlib
 import logging
@@ -46,6 +47,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
 from raftstore import frames
+from raftstore.background_sync import SyncRunner, SyncRunnerFactory
 from raftstore.config import RaftConfig
 from raftstore.files import fsync_directory, write_file_durably
 from raftstore.guards import back_off_to_commit_index, keep_matching_entries
@@ -247,13 +249,18 @@ class DurableJournal:
         self._file_sync = file_sync
         self._clock = clock
         self._inner = self._open()
-        # Unknown: pysyncobj may have just created the file and written its first entry.
-        self.dirty = True
+        # Every change to the log counts up `version`; `synced_version` is the version on disk
+        # (unknown at first: pysyncobj may have just created the file and written its first entry).
+        self.version = 1
+        self.synced_version = 0
         self._directory_synced = False
         # For tests and status: how many syncs, and the raft index and term on disk after the last.
         self.syncs = 0
         self.synced_index = 0
         self.synced_term = self._inner.getCurrentTerm()
+        # A sync in progress off the loop (`begin_sync`): the version, index and term it covers.
+        self._syncing: tuple[int, int, int] | None = None
+        self._syncing_since_s = 0.0
         # For status and metrics: seconds spent in file syncs, the longest, and how many took
         # over SLOW_SYNC_S.
         self.sync_s_total = 0.0
@@ -268,7 +275,23 @@ class DurableJournal:
         setattr(inner, "_FileJournal__metaStorer", storer)  # noqa: B010 - name-mangled
         return inner
 
+    @property
+    def dirty(self) -> bool:
+        """Whether the log changed since the last sync."""
+        return self.version != self.synced_version
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        # Marking it clean claims everything is on disk without a sync (benchmark stand-ins for
+        # the sync): nothing is counted.
+        if value:
+            self.version += 1
+        else:
+            self.synced_version = self.version
+            self.synced_index = self._last_index()
+
     def sync(self) -> None:
+        """Syncs the file now, on the calling thread, if the log changed since the last sync."""
         if not self.dirty:
             return
         mapped = getattr(self._inner, "_FileJournal__journalFile")  # noqa: B009 - name-mangled
@@ -276,16 +299,59 @@ class DurableJournal:
             # Linux's fdatasync writes the pages dirtied through the shared map too (msync's
             # MS_SYNC is the same range sync there); elsewhere msync first.
             getattr(mapped, "_ResizableFile__mm").flush()  # noqa: B009
+        covers = (self.version, self._last_index(), self._inner.getCurrentTerm())
         started_s = self._clock()
-        self._file_sync(getattr(mapped, "_ResizableFile__f").fileno())  # noqa: B009
+        self._file_sync(self.descriptor())
         self._timed(self._clock() - started_s)
+        self._sync_directory_once()
+        self._synced(*covers)
+
+    def begin_sync(self) -> int:
+        """Notes what a sync started now covers and returns the descriptor to sync (off the
+        loop, Linux only: the sync must also write the pages dirtied through the map). The
+        caller reports its end with `end_sync`."""
+        self._sync_directory_once()
+        self._syncing = (self.version, self._last_index(), self._inner.getCurrentTerm())
+        self._syncing_since_s = self._clock()
+        return self.descriptor()
+
+    @property
+    def syncing(self) -> bool:
+        """Whether a sync started by `begin_sync` has not ended yet."""
+        return self._syncing is not None
+
+    def end_sync(self, synced: bool) -> None:
+        """The sync `begin_sync` started ended: if `synced`, what it covers is on disk."""
+        covers, self._syncing = self._syncing, None
+        if covers is None:
+            return
+        self._timed(self._clock() - self._syncing_since_s)
+        if synced:
+            self._synced(*covers)
+
+    def descriptor(self) -> int:
+        mapped = getattr(self._inner, "_FileJournal__journalFile")  # noqa: B009 - name-mangled
+        return int(getattr(mapped, "_ResizableFile__f").fileno())  # noqa: B009
+
+    def _sync_directory_once(self) -> None:
+        # The journal's name (pysyncobj may have just created the file) is on disk before any
+        # sync of its content counts.
         if not self._directory_synced:
             fsync_directory(self.path.parent)
             self._directory_synced = True
-        self.dirty = False
+
+    def _last_index(self) -> int:
+        return int(self._inner[-1][1]) if len(self._inner) else 0
+
+    def _synced(self, version: int, index: int, term: int) -> None:
+        """What a finished sync covers is on disk. Syncs may end out of order (one in line while
+        one runs off the loop), so nothing here goes back."""
         self.syncs += 1
-        self.synced_index = int(self._inner[-1][1]) if len(self._inner) else 0
-        self.synced_term = self._inner.getCurrentTerm()
+        if version <= self.synced_version:
+            return
+        self.synced_version = version
+        self.synced_index = index
+        self.synced_term = max(self.synced_term, term)
 
     def _timed(self, took_s: float) -> None:
         self.sync_s_total += took_s
@@ -311,15 +377,29 @@ class DurableJournal:
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         self._inner.add(command, idx, term)
-        self.dirty = True
+        self.version += 1
 
     def clear(self) -> None:
         self._inner.clear()
-        self.dirty = True
+        self._truncated(0)
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
+        # pysyncobj's argument is a position in the journal, not a raft index.
+        first = int(self._inner[entryFrom][1]) if entryFrom < len(self._inner) else None
         self._inner.deleteEntriesFrom(entryFrom)
-        self.dirty = True
+        if first is not None:
+            self._truncated(first - 1)
+        else:
+            self.version += 1
+
+    def _truncated(self, kept_index: int) -> None:
+        """Entries after `kept_index` were removed: a sync of the file from before no longer
+        covers the entries that will take their indexes, and neither does one in progress."""
+        self.version += 1
+        self.synced_index = min(self.synced_index, kept_index)
+        if self._syncing is not None:
+            version, index, term = self._syncing
+            self._syncing = (version, min(index, kept_index), term)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         # pysyncobj renamed the new snapshot into place without a directory sync: the log may
@@ -339,8 +419,8 @@ class DurableJournal:
         os.replace(temporary, self.path)
         fsync_directory(self.path.parent)
         self._inner = self._open()
-        self.syncs += 1
-        self.dirty = False
+        # Everything is on disk; a sync in progress covers the old file and now counts for less.
+        self._synced(self.version, self._last_index(), self._inner.getCurrentTerm())
 
     def __getitem__(self, item: Any) -> Any:
         return self._inner[item]
@@ -375,49 +455,133 @@ class DurableJournal:
 
 
 class Outbox:
-    """Holds the messages a replica sends until the journal is on disk: `flush` sends the
-    leading run of leader messages, syncs the journal (if it changed) and then sends, in order,
-    everything else that waited. Any thread may `send`; the ticking thread flushes."""
+    """Holds the messages a replica sends until the journal is on disk.
+
+    Each message is tagged with the journal's version when it was sent. In line (the default),
+    `flush` sends the leading run of leader messages, syncs the journal (if it changed) and then
+    sends, in order, everything else that waited. With a `SyncRunner` (`run_syncs_with`), `flush`
+    starts a sync off the loop instead and returns; when it ends, the messages it covers leave.
+    Either way messages leave in the order they were sent, and a message that must wait for the
+    sync leaves only once a sync that began after it was sent has ended. Any thread may `send`;
+    the ticking thread flushes."""
 
     def __init__(self, journal: DurableJournal, send: Callable[[Any, Any], Any]) -> None:
         self.journal = journal
         self._send = send
         self._lock = threading.Lock()
-        self._messages: list[tuple[Any, Any]] = []
+        self._messages: collections.deque[tuple[Any, Any, int]] = collections.deque()
+        self._runner: SyncRunner | None = None
+        # Called on the loop after each sync off the loop ends (the replica's commit may move).
+        self.after_sync: Callable[[], None] = lambda: None
 
     def send(self, node: Any, message: Any) -> bool:
         with self._lock:
-            self._messages.append((node, message))
+            self._messages.append((node, message, self.journal.version))
         return True
 
     # What a leader sends: its entries may leave before they are on its own disk (Raft thesis,
     # 10.2.1: the leader writes its log in parallel with replicating it), since the leader counts
-    # itself toward a commit only on a later tick, after the sync below.
+    # itself toward a commit only once they are (in line: on a later tick, after the sync; off
+    # the loop: `Replica._commit_cap`).
     _BEFORE_SYNC = frozenset({"append_entries", "apply_command_response"})
+
+    @classmethod
+    def _may_leave_before_sync(cls, message: Any) -> bool:
+        return isinstance(message, dict) and message.get("type") in cls._BEFORE_SYNC
 
     def take(self) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
         """Every waiting message, split into the leading run of leader messages (which may leave
         before the sync) and the rest (which must wait for it)."""
         with self._lock:
-            messages, self._messages = self._messages, []
+            messages = [(node, message) for node, message, _ in self._messages]
+            self._messages.clear()
         early = 0
-        while (
-            early < len(messages)
-            and isinstance(messages[early][1], dict)
-            and messages[early][1].get("type") in self._BEFORE_SYNC
-        ):
+        while early < len(messages) and self._may_leave_before_sync(messages[early][1]):
             early += 1
         return messages[:early], messages[early:]
 
+    @property
+    def in_background(self) -> bool:
+        return self._runner is not None
+
+    def run_syncs_with(self, runner: SyncRunner | None) -> None:
+        """Syncs off the loop with `runner` from now on (None: in line again)."""
+        if self._runner is not None:
+            self._runner.close()
+            self.journal.end_sync(synced=False)
+        self._runner = runner
+
     def flush(self) -> None:
-        # The leading run of leader messages goes out at once, then the sync overlaps with the
-        # network round trip and the followers' own syncs; the rest (answers, votes) waits.
-        early, rest = self.take()
-        for node, message in early:
+        if self._runner is None:
+            # The leading run of leader messages goes out at once, then the sync overlaps with
+            # the network round trip and the followers' own syncs; the rest (answers, votes)
+            # waits.
+            early, rest = self.take()
+            for node, message in early:
+                self._send(node, message)
+            self.journal.sync()
+            for node, message in rest:
+                self._send(node, message)
+            return
+        self._release()
+        self._start_sync()
+
+    def on_synced(self, error: OSError | None) -> None:
+        """The runner's report (on the loop): the sync in progress ended."""
+        self.journal.end_sync(synced=error is None)
+        if error is not None:
+            # In line from now on: the next flush syncs on the loop, and fails there as a sync
+            # in line would (the messages keep waiting).
+            log.error("journal sync off the loop failed (%s): syncing in line from now on", error)
+            self._runner = None
+        else:
+            self._release()
+            self._start_sync()
+        self.after_sync()
+
+    def _start_sync(self) -> None:
+        runner = self._runner
+        journal = self.journal
+        if runner is not None and journal.dirty and not journal.syncing:
+            runner.start(journal.begin_sync())
+
+    def _release(self) -> None:
+        """Sends, in order, the messages that may leave now."""
+        synced = self.journal.synced_version
+        may_leave = self._may_leave_before_sync
+        while True:
+            with self._lock:
+                if not self._messages:
+                    return
+                node, message, version = self._messages[0]
+                if version > synced and not may_leave(message):
+                    return
+                self._messages.popleft()
             self._send(node, message)
-        self.journal.sync()
-        for node, message in rest:
-            self._send(node, message)
+
+
+class _CappedIndexes:
+    """pysyncobj's match indexes (follower -> highest index known to match) as it reads them
+    while the commit is capped: no index above the cap; writes go to the real ones."""
+
+    def __init__(self, real: dict[Any, int], cap: int) -> None:
+        self._real = real
+        self._cap = cap
+
+    def __getitem__(self, node: Any) -> int:
+        return min(self._real[node], self._cap)
+
+    def get(self, node: Any, default: int = 0) -> int:
+        return min(self._real.get(node, default), self._cap)
+
+    def __setitem__(self, node: Any, index: int) -> None:
+        self._real[node] = index
+
+    def pop(self, node: Any, default: Any = None) -> Any:
+        return self._real.pop(node, default)
+
+    def items(self) -> Any:
+        return self._real.items()
 
 
 class Replica(SyncObj):
@@ -511,6 +675,9 @@ class Replica(SyncObj):
         self._watch_sends()
         self.journal: DurableJournal | None = None
         self.outbox: Outbox | None = None
+        # Ticks in which the leader's commit was capped at what its own disk holds (status).
+        self.commits_held_for_own_sync = 0
+        self._commit_held = False
         if self.durable:
             self._make_durable(config, file_sync or journal_file_sync)
 
@@ -606,11 +773,91 @@ class Replica(SyncObj):
             _sync_obj_on_tick(self, timeToWait)
             return
         # Before: answers to messages that arrived outside a tick, and whatever a member alone
-        # appended, are on disk before this tick commits or applies anything.
+        # appended, are on disk (in line), or on their way to it (off the loop), before this
+        # tick commits or applies anything.
         outbox.flush()
-        _sync_obj_on_tick(self, timeToWait)
+        cap = self._commit_cap(outbox) if outbox.in_background else None
+        if cap is None:
+            _sync_obj_on_tick(self, timeToWait)
+        else:
+            # pysyncobj reads the followers' match indexes only to compute the commit, and (with
+            # the loop's poller) receives no message inside a tick, so capping what it reads for
+            # the tick caps the commit; what it writes goes to the real indexes.
+            self.commits_held_for_own_sync += 1
+            self._commit_held = True
+            real = getattr(self, "_SyncObj__raftMatchIndex")  # noqa: B009 - name-mangled
+            setattr(self, "_SyncObj__raftMatchIndex", _CappedIndexes(real, cap))  # noqa: B010
+            try:
+                _sync_obj_on_tick(self, timeToWait)
+            finally:
+                setattr(self, "_SyncObj__raftMatchIndex", real)  # noqa: B010
         # After: the answers to what the poller received are sent after one sync.
         outbox.flush()
+
+    def sync_off_the_loop(
+        self,
+        runner: SyncRunnerFactory | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        tick_soon: Callable[[], None] = lambda: None,
+    ) -> None:
+        """In "fsync" mode on Linux, syncs the journal with a `SyncRunner` made by `runner` on
+        `loop` from now on, so the loop goes on while the disk works; `tick_soon` asks for a
+        tick when a sync ends after the leader held a commit back for it. None: in line
+        again."""
+        outbox = self.outbox
+        if outbox is None or (runner is not None and sys.platform != "linux"):
+            return
+        if runner is None or loop is None:
+            outbox.run_syncs_with(None)
+            outbox.after_sync = lambda: None
+            return
+        try:
+            made = runner(loop, outbox.on_synced)
+        except OSError as error:
+            log.warning("cannot sync the journal off the event loop (%s): syncing in line", error)
+            return
+        outbox.run_syncs_with(made)
+
+        def after_sync() -> None:
+            # Only a commit held back for the leader's own sync may move now.
+            if self._commit_held:
+                self._commit_held = False
+                tick_soon()
+
+        outbox.after_sync = after_sync
+
+    def _commit_cap(self, outbox: Outbox) -> int | None:
+        """The highest index the leader may commit in this tick, where pysyncobj would commit
+        more; None if it would not.
+
+        pysyncobj's leader counts itself toward a commit of every entry it holds. Off the loop
+        its newest entries may not be on its disk yet while followers that answered for them
+        have them on theirs: it may count itself only up to what it synced. (In line the sync
+        ends each tick phase, before any answer to what it sent can arrive.) The commit is then
+        the highest index held by a majority counting the leader only up to its synced index:
+        with `needed` followers besides itself, the `needed`-th highest follower match capped at
+        what it synced, or the match of the next follower, which makes a majority without it."""
+        if not self._isLeader():
+            return None
+        journal = outbox.journal
+        synced = journal.synced_index
+        last_index: int = getattr(self, "_SyncObj__getCurrentLogIndex")()  # noqa: B009
+        if synced >= last_index:
+            return None
+        others = getattr(self, "_SyncObj__otherNodes")  # noqa: B009 - name-mangled
+        if not others:
+            # A member alone commits whatever it holds: sync in line.
+            journal.sync()
+            return None
+        match_index = getattr(self, "_SyncObj__raftMatchIndex")  # noqa: B009 - name-mangled
+        # pysyncobj commits once 1 (itself) + followers > members / 2.
+        needed = (len(others) + 1) // 2
+        matches = sorted((match_index.get(node, 0) for node in others), reverse=True)
+        with_itself = matches[needed - 1]
+        without_itself = matches[needed] if len(matches) > needed else 0
+        cap = max(min(synced, with_itself), without_itself)
+        return cap if cap < with_itself else None
 
     # Pre-vote (`RaftConfig.pre_vote`). pysyncobj campaigns in its tick once its election
     # deadline has passed: it raises its term, and any member that hears the higher term, a

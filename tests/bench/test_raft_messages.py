@@ -76,3 +76,30 @@ def test_a_bad_sync_stand_in_is_refused_without_a_traceback() -> None:
     ran = _run("--durability", "write", "--sync-stand-in", "sleep:0.001")
     assert ran.returncode == 2 and "needs --durability fsync" in ran.stderr
     assert "Traceback" not in ran.stderr
+
+
+def test_a_disk_latency_slows_both_sides_syncs() -> None:
+    # At 1 in flight every put waits for at least one sync (a follower's, before it answers), so
+    # 50 ms more per sync leaves at most 20 puts in a 1 s window on either side, whether the side
+    # syncs on its event loop or in its sync helper.
+    ran = _run(
+        "--against", "HEAD", "--durability", "fsync", "--concurrency", "1",
+        "--duration", "1", "--warmup", "0", "--rounds", "1", "--disk-latency", "0.05",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    figures = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert figures["disk_latency_s"] == 0.05
+    (cell,) = figures["cells"]
+    for side in cell["sides"].values():
+        assert 0 < side["puts"] <= 20 + 1, side["puts"]
+
+
+def test_a_bad_disk_latency_is_refused_without_a_traceback() -> None:
+    for text in ("0", "-1", "nan", "0.5", "soon"):
+        ran = _run("--disk-latency", text)
+        assert ran.returncode == 2 and "--disk-latency" in ran.stderr, text
+    ran = _run("--durability", "write", "--disk-latency", "0.001")
+    assert ran.returncode == 2 and "needs --durability fsync" in ran.stderr
+    ran = _run("--disk-latency", "0.001", "--sync-stand-in", "sleep:0.001")
+    assert ran.returncode == 2 and "no --sync-stand-in" in ran.stderr
+    assert "Traceback" not in ran.stderr

@@ -141,3 +141,13 @@ def test_moving_aside_can_be_turned_off_and_its_loss_bounded() -> None:
     overrides = {"scheduler.move_aside": "false", "scheduler.move_aside_loss_max_s": "60"}
     config = load_config(environ={}, overrides={**BASE, **overrides}).scheduler
     assert (config.move_aside, config.move_aside_loss_max_s) == (False, 60.0)
+
+
+def test_syncs_off_the_event_loop_are_on_by_default_and_can_be_turned_off() -> None:
+    assert load_config(environ={}, overrides=BASE).raft.background_sync is True
+    config = load_config(
+        environ={}, overrides={**BASE, "raft.durability": "fsync", "raft.background_sync": "false"}
+    )
+    assert (config.raft.durability, config.raft.background_sync) == ("fsync", False)
+    with pytest.raises(ConfigError, match="background_sync"):
+        load_config(environ={}, overrides={**BASE, "raft.background_sync": "sometimes"})
