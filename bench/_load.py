@@ -47,6 +47,7 @@ __all__ = [
     "Worker",
     "process_cpu_s",
     "run_cell",
+    "with_descendants",
 ]
 
 # A worker whose operation failed waits this long before its next one.
@@ -200,6 +201,26 @@ class CellResult:
             "driver_cpu_us_per_op": self.driver_cpu_us_per_op,
             "syncs_per_op": self.syncs_per_op,
         }
+
+
+def with_descendants(pids: Sequence[int]) -> list[int]:
+    """`pids` and every process below them (children, their children...), from `/proc`: a
+    member's helper processes (xr's journal sync helper) use CPU for it."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: list[int] = []
+    waiting = list(pids)
+    while waiting:
+        pid = waiting.pop()
+        if pid not in found:
+            found.append(pid)
+            waiting.extend(parents.get(pid, []))
+    return sorted(found)
 
 
 def process_cpu_s(pids: Sequence[int]) -> float | None:

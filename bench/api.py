@@ -65,7 +65,14 @@ from typing import Any, Protocol  # noqa: E402
 import aiohttp  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from bench._load import CellResult, Operation, OperationFailed, Worker, run_cell  # noqa: E402
+from bench._load import (  # noqa: E402
+    CellResult,
+    Operation,
+    OperationFailed,
+    Worker,
+    run_cell,
+    with_descendants,
+)
 from node.localcluster import LocalCluster  # noqa: E402
 
 OPERATIONS = ("put", "put_get", "lock_distinct", "lock_contended")
@@ -209,8 +216,13 @@ class XrSystem:
                     f"xr region {node.region} exited with {node.exit_code}:\n{node.log_tail()}"
                 )
 
-    def member_pids(self) -> list[int]:
+    def node_pids(self) -> list[int]:
+        """The node processes themselves."""
         return [node.process.pid for node in self.cluster.nodes if node.process is not None]
+
+    def member_pids(self) -> list[int]:
+        # With each node's own processes (its journal sync helper in "fsync" mode).
+        return with_descendants(self.node_pids())
 
     async def sync_count(self) -> float | None:
         # Counted in `fsync` mode only (docs/durability.md); 0 in `write` mode.

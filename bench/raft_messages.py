@@ -288,7 +288,7 @@ def _cell(
     syncs: dict[str, list[float]] = {label: [] for label in systems}
     for round_number in range(arguments.rounds):
         for label, system in systems.items():
-            pids = system.member_pids()
+            pids = system.node_pids()
             if arguments.warmup > 0:
                 _put(
                     runner,

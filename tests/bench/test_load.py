@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bench._load import CellResult, Worker, process_cpu_s, run_cell
+from bench._load import CellResult, Worker, process_cpu_s, run_cell, with_descendants
 
 
 def _spin(seconds: float) -> None:
@@ -40,6 +41,44 @@ def test_process_cpu_s__counts_this_process_and_sums_several() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def _starts(code: str) -> str:
+    """Python code that starts a process running `code`, then sleeps."""
+    return (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {code!r}])\n"
+        "time.sleep(30)\n"
+    )
+
+
+def test_with_descendants__finds_a_childs_child_whose_cpu_then_counts() -> None:
+    # A parent that sleeps, whose child starts a grandchild that spins for 0.3 s of CPU and then
+    # sleeps: through the parent alone almost nothing is counted, with its descendants the spin.
+    spin = (
+        "import time\n"
+        "until = time.process_time() + 0.3\n"
+        "while time.process_time() < until: pass\n"
+        "time.sleep(30)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", _starts(_starts(spin))])
+    try:
+        deadline_s = time.monotonic() + 20.0
+        while True:
+            tree = with_descendants([parent.pid])
+            together = process_cpu_s(tree) if len(tree) == 3 else None
+            if together is not None and together >= 0.3:
+                break
+            assert time.monotonic() < deadline_s, f"the grandchild never spun: {tree}"
+            time.sleep(0.01)
+        assert parent.pid in tree
+        alone = process_cpu_s([parent.pid])
+        assert alone is not None and alone < 0.3
+    finally:
+        for pid in with_descendants([parent.pid]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        parent.wait()
 
 
 def test_process_cpu_s__none_for_a_process_that_is_gone() -> None:
