@@ -16,16 +16,29 @@ frames are bounded only by pysyncobj's own batching.
 
 Installed once, on import of `raftstore.replica`'s dependencies, by patching pysyncobj's
 `TcpConnection`: the patch changes nothing for a well-behaved peer.
+
+`install` also changes how small frames are compressed. pysyncobj zlib-compresses every message
+at level 3, and most messages are small (an answer, one group's entry), where compression saves
+a few bytes for 10-17 us of CPU each way. A message under `STORED_FRAME_BYTES_MAX` bytes is sent
+as deflate's stored blocks instead (a zlib stream that does not compress): any zlib decoder reads
+it, so members of older versions read these frames and these members read theirs, and a cluster
+can be upgraded one member at a time. Larger messages (batches, snapshots) are compressed as
+before, so the traffic between regions stays compressed where it counts. Measured side by side
+in `write` mode (`bench/raft_messages.py --against` the commit before, 4 rounds): members' CPU
+per put 0.88x, 0.92x and 0.94x at 1, 16 and 64 in flight, puts 1.12x, 1.07x and 1.05x
+(docs/durability.md).
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from typing import Any
 
+import pysyncobj.tcp_connection as tcp_connection_module
 from pysyncobj.tcp_connection import TcpConnection
 
-__all__ = ["HANDSHAKE_FRAME_BYTES_MAX", "install"]
+__all__ = ["HANDSHAKE_FRAME_BYTES_MAX", "STORED_FRAME_BYTES_MAX", "SmallFramesStored", "install"]
 
 # A handshake frame is under 200 bytes (a Fernet token of a 32-byte key or an address); this
 # leaves room for long host names while bounding what a stranger can make a member hold.
@@ -35,6 +48,27 @@ _PARSE = "_TcpConnection__processParseMessage"
 _READ = "_TcpConnection__processRead"
 _BUFFER = "_TcpConnection__readBuffer"
 _TRUSTED = "_xr_trusted"
+
+
+# Messages shorter than this (pickled) are sent uncompressed, in deflate's stored blocks.
+STORED_FRAME_BYTES_MAX = 1024
+
+
+class SmallFramesStored:
+    """Stands in for the `zlib` module in pysyncobj's `tcp_connection`, which calls only
+    `compress(data, level)` and `decompress(data)`."""
+
+    @staticmethod
+    def compress(data: bytes, level: int = -1) -> bytes:
+        if len(data) >= STORED_FRAME_BYTES_MAX:
+            return zlib.compress(data, level)
+        # Level 0 (stored blocks) with the smallest window and state: nothing to search.
+        packer = zlib.compressobj(0, zlib.DEFLATED, 9, 1)
+        return packer.compress(data) + packer.flush()
+
+    @staticmethod
+    def decompress(data: bytes) -> bytes:
+        return zlib.decompress(data)
 
 
 def _frame_allowed(connection: Any) -> bool:
@@ -48,9 +82,10 @@ def _frame_allowed(connection: Any) -> bool:
 
 
 def install() -> None:
-    """Patches `TcpConnection` (idempotent)."""
+    """Patches `TcpConnection` and its module's compression (idempotent)."""
     if getattr(TcpConnection, "_xr_frames_installed", False):
         return
+    setattr(tcp_connection_module, "zlib", SmallFramesStored)  # noqa: B010
     original_read = getattr(TcpConnection, _READ)
     original_parse = getattr(TcpConnection, _PARSE)
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import re
 import socket
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
 
 from raftstore.config import RaftConfig
-from raftstore.frames import HANDSHAKE_FRAME_BYTES_MAX
+from raftstore.frames import HANDSHAKE_FRAME_BYTES_MAX, STORED_FRAME_BYTES_MAX, SmallFramesStored
 from raftstore.store import RaftStore
 from xrcore.commands import KvPut
 
@@ -91,3 +94,41 @@ async def _scenario(tmp_path: Path, secret: str | None) -> None:
         assert applied.result.unwrap() is not None
     finally:
         await store.stop()
+
+
+# Small frames sent uncompressed, readable by any member.
+
+
+@pytest.mark.parametrize("size", [0, 1, 300, STORED_FRAME_BYTES_MAX - 1])
+def test_small_frames__are_stored_uncompressed_and_any_zlib_decoder_reads_them(size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    framed = SmallFramesStored.compress(data, 3)
+    # What an unpatched member (pysyncobj's own `zlib.decompress`) does with it.
+    assert zlib.decompress(framed) == data
+    # Stored, not compressed (the data repeats, so level 3 would shrink it): the zlib header and
+    # checksum and a 5-byte header per stored block around the data.
+    assert len(data) + 2 + 5 + 4 <= len(framed) <= len(data) + 2 + 4 + 5 * 8
+    if size >= 512:
+        assert len(zlib.compress(data, 3)) < len(data) / 2
+
+
+def test_large_frames__are_compressed_as_pysyncobj_compresses_them() -> None:
+    data = b"an entry that repeats " * 100
+    assert len(data) >= STORED_FRAME_BYTES_MAX
+    assert SmallFramesStored.compress(data, 3) == zlib.compress(data, 3)
+
+
+def test_frames_of_members_that_compress_everything_are_read() -> None:
+    data = b"x" * 300
+    assert SmallFramesStored.decompress(zlib.compress(data, 3)) == data
+
+
+def test_pysyncobjs_connections_frame_through_it_and_use_nothing_else_of_zlib() -> None:
+    import pysyncobj.tcp_connection as tcp_connection
+
+    from raftstore import frames
+
+    frames.install()
+    assert getattr(tcp_connection, "zlib") is SmallFramesStored  # noqa: B009 - no stub
+    used = set(re.findall(r"\bzlib\.(\w+)", inspect.getsource(tcp_connection)))
+    assert used == {"compress", "decompress"}
