@@ -82,7 +82,8 @@ class _StoreCollector(Collector):
             status["proposals_in_flight"],
         )
         # Journal syncs (raft.durability "fsync"; all 0 in "write" mode, which never syncs).
-        # The node's event loop waits for each sync, heartbeats included.
+        # In line the node's event loop waits for each sync, heartbeats included; off the loop
+        # (raft.background_sync) only what the sync acknowledges waits.
         yield counter(
             "xr_raft_journal_syncs",
             'Journal syncs since the node started (raft.durability "fsync"; 0 in "write").',
@@ -90,13 +91,14 @@ class _StoreCollector(Collector):
         )
         yield counter(
             "xr_raft_journal_sync_seconds",
-            "Seconds the node waited for journal syncs since it started.",
+            "Seconds journal syncs took since the node started (in line, the event loop waited "
+            "for them; off it, only what they acknowledge).",
             status["journal_sync_s_total"] or 0.0,
         )
         yield counter(
             "xr_raft_journal_slow_syncs",
-            "Journal syncs that took over 0.1 s (a slow or overloaded disk; near the election "
-            "timeout, a leader change); logged at WARNING, at most once per 10 s.",
+            "Journal syncs that took over 0.1 s (a slow or overloaded disk; in line, near the "
+            "election timeout, a leader change); logged at WARNING, at most once per 10 s.",
             status["journal_slow_syncs"] or 0,
         )
         yield gauge(

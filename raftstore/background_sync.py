@@ -50,7 +50,7 @@ SyncRunnerFactory = Callable[[asyncio.AbstractEventLoop, OnSynced], SyncRunner]
 # on a compaction); each answer is the errno of the sync (0: synced) in two bytes. It exits when
 # its socket closes, which the kernel does when the node exits, killed or not.
 _HELPER = """
-import os, signal, socket, sys
+import errno, os, signal, socket, sys
 # Ctrl-C reaches the node's whole process group: the node stops, and closes the socket.
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 channel = socket.socket(fileno=int(sys.argv[1]))
@@ -61,7 +61,7 @@ while True:
         break
     if not data:
         break
-    error = 0 if descriptors else 9
+    error = 0 if descriptors else errno.EBADF
     for descriptor in descriptors:
         try:
             os.fdatasync(descriptor)

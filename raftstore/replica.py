@@ -325,7 +325,7 @@ class DurableJournal:
         covers, self._syncing = self._syncing, None
         if covers is None:
             return
-        self._timed(self._clock() - self._syncing_since_s)
+        self._timed(self._clock() - self._syncing_since_s, in_line=False)
         if synced:
             self._synced(*covers)
 
@@ -353,7 +353,7 @@ class DurableJournal:
         self.synced_index = index
         self.synced_term = max(self.synced_term, term)
 
-    def _timed(self, took_s: float) -> None:
+    def _timed(self, took_s: float, *, in_line: bool = True) -> None:
         self.sync_s_total += took_s
         self.sync_s_max = max(self.sync_s_max, took_s)
         if took_s <= self.SLOW_SYNC_S:
@@ -363,12 +363,15 @@ class DurableJournal:
         now_s = self._clock()
         if now_s - self._slow_warned_s >= self.SLOW_SYNC_WARNING_INTERVAL_S:
             log.warning(
-                "journal sync took %.3f s (%d sync(s) over %.1f s since the last warning): the "
-                "node waited, heartbeats included; near the election timeout followers may elect "
-                "another leader (a slow or overloaded disk)",
+                "journal sync took %.3f s (%d sync(s) over %.1f s since the last warning): %s "
+                "(a slow or overloaded disk)",
                 took_s,
                 self._slow_unreported,
                 self.SLOW_SYNC_S,
+                "the node waited, heartbeats included; near the election timeout followers may "
+                "elect another leader"
+                if in_line
+                else "acknowledgements waited for it (off the event loop: heartbeats did not)",
             )
             self._slow_unreported = 0
             self._slow_warned_s = now_s

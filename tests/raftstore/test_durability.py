@@ -559,3 +559,19 @@ def test_durable_journal__times_syncs_and_warns_of_slow_ones_at_most_every_10_s(
     journal.sync()  # Nothing changed since: no sync, nothing timed.
     assert journal.syncs == 5
     journal._destroy()
+
+
+def test_durable_journal__a_slow_sync_off_the_loop_is_warned_of_as_such(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = _FakeClock()
+    journal = _journal_with_sync_times(tmp_path, clock, [])
+    caplog.set_level("WARNING", logger="raftstore.replica")
+    journal.add(b"entry", 1, 1)
+    journal.begin_sync()
+    clock.now_s += 0.3  # the helper's sync takes 300 ms
+    journal.end_sync(synced=True)
+    assert (journal.syncs, journal.slow_syncs, journal.synced_index) == (1, 1, 1)
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert "journal sync took 0.300 s" in warning and "heartbeats did not" in warning
+    journal._destroy()
