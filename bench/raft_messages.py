@@ -142,7 +142,7 @@ if stand_in and tree:
                     outbox._send(node, message)
                 batches = outbox.__dict__.setdefault("xr_batches", _collections.deque())
                 if outbox.journal.dirty:
-                    outbox.journal.dirty = False
+                    outbox.journal.claim_synced()
                     batches.append(list(rest))
                     asyncio.get_running_loop().call_later(seconds, release, outbox)
                 elif batches:
