@@ -9,8 +9,9 @@ The leader's own sync is made slow, so a follower's answer comes first: without 
 wait for its own sync before it counts itself (the control), the checks find commits that only
 one member had on disk.
 
-The helper process itself is checked apart: it syncs the descriptor it is sent (a pipe, which
-cannot be synced, comes back as EINVAL), reports its death, and exits with its node.
+A member alone, its own majority, syncs before it applies. The helper process itself is checked
+apart: it syncs the descriptor it is sent (a pipe, which cannot be synced, comes back as EINVAL),
+reports its death, and exits when closed or when its node is killed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import dataclasses
 import errno
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +37,8 @@ from tests.raftstore.test_durability import DiskObserver, _configs, wait_for_lea
 from xrcore.commands import KvPut
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class DelayedSync:
@@ -310,3 +315,83 @@ def test_store__a_helper_that_cannot_start_leaves_syncs_in_line(
     off_loop, syncs = asyncio.run(run())
     assert (off_loop, syncs > 0) == (False, True)
     assert "cannot sync the journal off the event loop" in caplog.text
+
+
+def test_off_the_loop__a_member_alone_syncs_before_it_applies(tmp_path: Path) -> None:
+    """A member alone is its own majority: it may apply only what its own disk holds, so it
+    syncs in line before it commits, whatever runs off the loop (here a 50 ms sync)."""
+    observer = DiskObserver()
+    (config,) = [dataclasses.replace(c, peers=()) for c in _configs(tmp_path, "fsync")[:1]]
+    journal = config.journal_file
+
+    def runner(loop: asyncio.AbstractEventLoop, on_synced: OnSynced) -> DelayedSync:
+        return DelayedSync(loop, on_synced, observer.sync, 0.05)
+
+    async def run() -> None:
+        # Its syncs in line go through the observing sync too.
+        store = RaftStore(config, sync_runner=runner, file_sync=observer.sync)
+        original = store.replica.on_applied
+
+        def on_applied(results: Any) -> None:
+            observer.on_apply(journal, store.replica.raftLastApplied + 1, [journal])
+            if original is not None:
+                original(results)
+
+        store.replica.on_applied = on_applied
+        await store.start()
+        try:
+            await _until(lambda: store.is_leader)
+            assert store.status()["journal_syncs_off_loop"]
+            for number in range(10):
+                await store.propose(
+                    KvPut(key=f"k{number}", value=b"v"), client_id="c", seq=number + 1
+                )
+        finally:
+            await store.stop()
+
+    asyncio.run(run())
+    assert observer.acknowledgements >= 10
+    assert observer.violations == []
+
+
+def test_helper__exits_when_its_node_is_killed(tmp_path: Path) -> None:
+    """kill -9 of the node closes its end of the socket: the helper sees the end and exits, so
+    crashed nodes leave no helpers behind."""
+    node = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import asyncio, time\n"
+            "from raftstore.background_sync import HelperProcessSync\n"
+            "async def main():\n"
+            "    helper = HelperProcessSync(asyncio.get_running_loop(), print)\n"
+            "    print(helper.pid, flush=True)\n"
+            "    time.sleep(60)\n"
+            "asyncio.run(main())\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert node.stdout is not None
+        helper_pid = int(node.stdout.readline())
+        assert _alive(helper_pid)
+        node.kill()
+        node.wait()
+        deadline_s = time.monotonic() + 10.0
+        while _alive(helper_pid):
+            assert time.monotonic() < deadline_s, "the helper outlived its node"
+            time.sleep(0.01)
+    finally:
+        node.kill()
+        node.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (an exited process not yet reaped by its new parent does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -575,3 +575,22 @@ def test_durable_journal__a_slow_sync_off_the_loop_is_warned_of_as_such(
     (warning,) = [record.getMessage() for record in caplog.records]
     assert "journal sync took 0.300 s" in warning and "heartbeats did not" in warning
     journal._destroy()
+
+
+def test_durable_journal__a_truncation_lowers_what_counts_as_synced(tmp_path: Path) -> None:
+    """Entries removed after a sync are replaced by others at the same indexes: neither that
+    sync nor one in progress covers the new ones, so the synced index falls to the cut."""
+    journal = _journal_with_sync_times(tmp_path, _FakeClock(), [0.0])
+    for index in range(1, 6):
+        journal.add(b"entry", index, 1)
+    journal.sync()
+    assert journal.synced_index == 5
+    journal.add(b"entry", 6, 1)
+    journal.begin_sync()  # covers 1-6
+    journal.deleteEntriesFrom(3)  # positions 3 on: indexes 4, 5 and 6
+    assert journal.synced_index == 3
+    journal.add(b"other", 4, 2)
+    journal.end_sync(synced=True)
+    # The sync in progress covered index 4 as it was before the cut, not the new entry 4.
+    assert (journal.synced_index, journal.dirty) == (3, True)
+    journal._destroy()
