@@ -88,6 +88,8 @@ class RaftSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # With "fsync" on Linux: a helper process syncs the journal while the node goes on serving;
     # false syncs in line, stopping the node's event loop for each sync (docs/durability.md).
     background_sync: bool = _raft_default("background_sync")
+    # Syncs run off the loop only while they take at least this long on average (0: always).
+    background_sync_min_ms: float = _raft_default("background_sync_min_ms")
     raft_min_timeout_s: float = _raft_default("raft_min_timeout_s")
     raft_max_timeout_s: float = _raft_default("raft_max_timeout_s")
     append_entries_period_s: float = _raft_default("append_entries_period_s")

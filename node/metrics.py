@@ -90,6 +90,18 @@ class _StoreCollector(Collector):
             status["journal_syncs"] or 0,
         )
         yield counter(
+            "xr_raft_journal_syncs_off_loop",
+            "Of the journal syncs, those that ran off the event loop (raft.background_sync: "
+            "while the disk's recent syncs take at least raft.background_sync_min_ms).",
+            status["journal_syncs_run_off_loop"] or 0,
+        )
+        yield gauge(
+            "xr_raft_journal_recent_sync_seconds",
+            "A moving average of the journal syncs' time, by which the next runs in line or off "
+            "the event loop.",
+            status["journal_recent_sync_s"] or 0.0,
+        )
+        yield counter(
             "xr_raft_journal_sync_seconds",
             "Seconds journal syncs took since the node started (in line, the event loop waited "
             "for them; off it, only what they acknowledge).",

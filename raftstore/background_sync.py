@@ -8,7 +8,11 @@ while the loop is busy. So a helper process runs it: the loop sends the journal'
 over a Unix socket (`socket.send_fds`), the helper runs `fdatasync` on it and answers, and the
 loop reads the answer when it comes (`add_reader`) and releases what waited for the sync.
 
-A `SyncRunner` runs one sync at a time; `raftstore.replica.Outbox` decides what waits for which.
+A `SyncRunner` runs one sync at a time; `raftstore.replica.Outbox` decides what waits for which,
+and whether the next sync runs here or in line: the helper's round trip (two wake-ups and two
+socket messages) costs more than a fast disk's sync, so while the disk's recent syncs took less
+than `raft.background_sync_min_ms` (1 ms by default) they run in line. The helper times each sync
+and reports it with its result.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ __all__ = ["HelperProcessSync", "OnSynced", "SyncRunner", "SyncRunnerFactory"]
 
 log = logging.getLogger(__name__)
 
-# Told when a sync ends: None if the file is on disk, else why not.
-OnSynced = Callable[[OSError | None], None]
+# Told when a sync ends: None if the file is on disk, else why not; and how long the sync itself
+# took, in seconds (the disk's time, not the loop's wait for the answer).
+OnSynced = Callable[[OSError | None, float], None]
 
 
 class SyncRunner(Protocol):
@@ -47,10 +52,11 @@ SyncRunnerFactory = Callable[[asyncio.AbstractEventLoop, OnSynced], SyncRunner]
 # The helper: standard library only, started with -I -S (no site, no environment), so it starts in
 # a few tens of milliseconds and imports nothing of this project. Each request is one datagram
 # carrying one descriptor (a copy the kernel makes: it stays valid when the journal closes its own
-# on a compaction); each answer is the errno of the sync (0: synced) in two bytes. It exits when
+# on a compaction); each answer is the errno of the sync (0: synced) in two bytes and the sync's
+# time in microseconds in four. It exits when
 # its socket closes, which the kernel does when the node exits, killed or not.
 _HELPER = """
-import errno, os, signal, socket, sys
+import errno, os, signal, socket, sys, time
 # Ctrl-C reaches the node's whole process group: the node stops, and closes the socket.
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 channel = socket.socket(fileno=int(sys.argv[1]))
@@ -62,6 +68,7 @@ while True:
     if not data:
         break
     error = 0 if descriptors else errno.EBADF
+    started = time.monotonic()
     for descriptor in descriptors:
         try:
             os.fdatasync(descriptor)
@@ -69,8 +76,13 @@ while True:
             error = exc.errno or 5
         finally:
             os.close(descriptor)
-    channel.send(error.to_bytes(2, "little"))
+    took_us = min(int((time.monotonic() - started) * 1e6), 0xFFFFFFFF)
+    channel.send(error.to_bytes(2, "little") + took_us.to_bytes(4, "little"))
 """
+
+
+# An answer: the errno (2 bytes) and the sync's time in microseconds (4 bytes).
+_ANSWER_BYTES = 6
 
 
 class HelperProcessSync:
@@ -141,15 +153,16 @@ class HelperProcessSync:
         except OSError as exc:
             self._fail(exc)
             return
-        if len(answer) != 2:
+        if len(answer) != _ANSWER_BYTES:
             self._fail(OSError(errno.EPIPE, "the journal sync helper exited"))
             return
         self._in_progress = False
-        code = int.from_bytes(answer, "little")
-        self._on_synced(None if code == 0 else OSError(code, os.strerror(code)))
+        code = int.from_bytes(answer[:2], "little")
+        took_s = int.from_bytes(answer[2:], "little") / 1e6
+        self._on_synced(None if code == 0 else OSError(code, os.strerror(code)), took_s)
 
     def _fail(self, error: OSError) -> None:
         """The helper cannot sync anymore: it is stopped and the failure reported."""
         self.close()
         log.error("journal sync helper failed: %s", error)
-        self._on_synced(error)
+        self._on_synced(error, 0.0)

@@ -34,6 +34,10 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
+# Numeric settings where 0 means something (every other must be positive).
+_MAY_BE_ZERO = frozenset({"background_sync_min_ms"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class RaftConfig:
     """One replica's Raft settings. Times are in seconds, as pysyncobj takes them."""
@@ -57,6 +61,10 @@ class RaftConfig:
     # With "fsync" on Linux: a helper process syncs the journal while the event loop goes on
     # (`raftstore.background_sync`); false syncs on the event loop, which stands still meanwhile.
     background_sync: bool = True
+    # With background_sync: a sync runs off the loop only while the disk's recent syncs (a moving
+    # average of their time) took at least this long; a faster one runs in line, where it costs
+    # less than the helper's round trip. 0: every sync off the loop (docs/durability.md).
+    background_sync_min_ms: float = 1.0
 
     # Election timeout bounds: a follower that hears nothing for a random time in this range
     # starts an election. They bound failover time: the first of the followers times out after
@@ -111,7 +119,10 @@ class RaftConfig:
     def validate(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+            if item.name in _MAY_BE_ZERO:
+                if not value >= 0:
+                    raise InvalidArgument(f"raft.{item.name} must be 0 or more, got {value!r}")
+            elif isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
                 raise InvalidArgument(f"raft.{item.name} must be positive, got {value!r}")
         _host_of(self.self_address)
         if self.bind_address is not None:

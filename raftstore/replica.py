@@ -237,6 +237,9 @@ class DurableJournal:
     SLOW_SYNC_S = 0.1
     # At most one warning per this many seconds, counting the slow syncs since the last one.
     SLOW_SYNC_WARNING_INTERVAL_S = 10.0
+    # The weight of each sync's time in `recent_sync_s`, a moving average: a stall of 0.1 s lifts
+    # it to 20 ms at once, and about 15 syncs of a fast disk bring it back under a millisecond.
+    RECENT_SYNC_WEIGHT = 0.2
 
     def __init__(
         self,
@@ -265,6 +268,10 @@ class DurableJournal:
         # over SLOW_SYNC_S.
         self.sync_s_total = 0.0
         self.sync_s_max = 0.0
+        # The disk's recent sync time (an exponentially weighted mean of in-line and off-loop
+        # syncs; `Outbox` chooses between the two by it), and how many syncs ran off the loop.
+        self.recent_sync_s = 0.0
+        self.syncs_off_loop = 0
         self.slow_syncs = 0
         self._slow_unreported = 0
         self._slow_warned_s = float("-inf")
@@ -316,13 +323,17 @@ class DurableJournal:
         """Whether a sync started by `begin_sync` has not ended yet."""
         return self._syncing is not None
 
-    def end_sync(self, synced: bool) -> None:
-        """The sync `begin_sync` started ended: if `synced`, what it covers is on disk."""
+    def end_sync(self, synced: bool, took_s: float | None = None) -> None:
+        """The sync `begin_sync` started ended: if `synced`, what it covers is on disk. `took_s`
+        is the sync's own time where the runner measured it (else the time since it began)."""
         covers, self._syncing = self._syncing, None
         if covers is None:
             return
-        self._timed(self._clock() - self._syncing_since_s, in_line=False)
+        if took_s is None:
+            took_s = self._clock() - self._syncing_since_s
+        self._timed(took_s, in_line=False)
         if synced:
+            self.syncs_off_loop += 1
             self._synced(*covers)
 
     def descriptor(self) -> int:
@@ -350,6 +361,7 @@ class DurableJournal:
         self.synced_term = max(self.synced_term, term)
 
     def _timed(self, took_s: float, *, in_line: bool = True) -> None:
+        self.recent_sync_s += self.RECENT_SYNC_WEIGHT * (took_s - self.recent_sync_s)
         self.sync_s_total += took_s
         self.sync_s_max = max(self.sync_s_max, took_s)
         if took_s <= self.SLOW_SYNC_S:
@@ -470,6 +482,9 @@ class Outbox:
         self._lock = threading.Lock()
         self._messages: collections.deque[tuple[Any, Any, int]] = collections.deque()
         self._runner: SyncRunner | None = None
+        # With a runner: a sync still runs in line while the disk's recent syncs took less than
+        # this (`raft.background_sync_min_ms`), and no sync runs off the loop.
+        self.in_line_below_s = 0.0
         # Called on the loop after each sync off the loop ends (the replica's commit may move).
         self.after_sync: Callable[[], None] = lambda: None
 
@@ -511,7 +526,7 @@ class Outbox:
         self._runner = runner
 
     def flush(self) -> None:
-        if self._runner is None:
+        if self._syncs_in_line():
             # The leading run of leader messages goes out at once, then the sync overlaps with
             # the network round trip and the followers' own syncs; the rest (answers, votes)
             # waits.
@@ -525,17 +540,27 @@ class Outbox:
         self._release()
         self._start_sync()
 
-    def on_synced(self, error: OSError | None) -> None:
-        """The runner's report (on the loop): the sync in progress ended."""
-        self.journal.end_sync(synced=error is None)
+    def _syncs_in_line(self) -> bool:
+        """Whether the next sync runs in line: without a runner, or while the disk is fast (its
+        recent syncs took less than `in_line_below_s`) and no sync runs off the loop. A fast
+        sync in line costs less than the helper's round trip, and a slow one would stop the
+        loop, heartbeats included, for longer than the round trip costs."""
+        journal = self.journal
+        return self._runner is None or (
+            not journal.syncing and journal.recent_sync_s < self.in_line_below_s
+        )
+
+    def on_synced(self, error: OSError | None, took_s: float) -> None:
+        """The runner's report (on the loop): the sync in progress ended, after `took_s`."""
+        self.journal.end_sync(synced=error is None, took_s=took_s)
         if error is not None:
             # In line from now on: the next flush syncs on the loop, and fails there as a sync
             # in line would (the messages keep waiting).
             log.error("journal sync off the loop failed (%s): syncing in line from now on", error)
             self._runner = None
         else:
-            self._release()
-            self._start_sync()
+            # What the sync covers leaves; what changed since is synced, in line or off.
+            self.flush()
         self.after_sync()
 
     def _start_sync(self) -> None:
@@ -799,10 +824,12 @@ class Replica(SyncObj):
         loop: asyncio.AbstractEventLoop | None = None,
         *,
         tick_soon: Callable[[], None] = lambda: None,
+        in_line_below_s: float = 0.0,
     ) -> None:
         """In "fsync" mode on Linux, syncs the journal with a `SyncRunner` made by `runner` on
-        `loop` from now on, so the loop goes on while the disk works; `tick_soon` asks for a
-        tick when a sync ends after the leader held a commit back for it. None: in line
+        `loop` from now on, so the loop goes on while the disk works, except while the disk's
+        recent syncs took less than `in_line_below_s` (those run in line); `tick_soon` asks for
+        a tick when a sync ends after the leader held a commit back for it. None: in line
         again."""
         outbox = self.outbox
         if outbox is None or (runner is not None and sys.platform != "linux"):
@@ -817,6 +844,7 @@ class Replica(SyncObj):
             log.warning("cannot sync the journal off the event loop (%s): syncing in line", error)
             return
         outbox.run_syncs_with(made)
+        outbox.in_line_below_s = in_line_below_s
 
         def after_sync() -> None:
             # Only a commit held back for the leader's own sync may move now.

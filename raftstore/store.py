@@ -174,7 +174,12 @@ class RaftStore:
         # 1,000 (27,000 against 19,000 commits/s) in bench/raftstore.py.
         self._poller.attach(self._loop, self._tick)
         if self.config.background_sync:
-            self.replica.sync_off_the_loop(self._sync_runner, self._loop, tick_soon=self._tick_soon)
+            self.replica.sync_off_the_loop(
+                self._sync_runner,
+                self._loop,
+                tick_soon=self._tick_soon,
+                in_line_below_s=self.config.background_sync_min_ms / 1000,
+            )
         self._tick()
         self._ticker = asyncio.create_task(self._lease_ticks())
 
@@ -462,6 +467,10 @@ class RaftStore:
             "journal_sync_s_total": None if journal is None else journal.sync_s_total,
             "journal_sync_s_max": None if journal is None else journal.sync_s_max,
             "journal_slow_syncs": None if journal is None else journal.slow_syncs,
+            # Of those syncs, how many ran off the event loop, and the moving average of the
+            # disk's sync time by which each next sync runs in line or off the loop.
+            "journal_syncs_run_off_loop": None if journal is None else journal.syncs_off_loop,
+            "journal_recent_sync_s": None if journal is None else journal.recent_sync_s,
             # Whether syncs run off the event loop (raft.background_sync), and in how many ticks
             # the leader held a commit back until its own disk had the entries.
             "journal_syncs_off_loop": outbox is not None and outbox.in_background,

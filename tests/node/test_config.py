@@ -151,3 +151,12 @@ def test_syncs_off_the_event_loop_are_on_by_default_and_can_be_turned_off() -> N
     assert (config.raft.durability, config.raft.background_sync) == ("fsync", False)
     with pytest.raises(ConfigError, match="background_sync"):
         load_config(environ={}, overrides={**BASE, "raft.background_sync": "sometimes"})
+
+
+def test_syncs_run_off_the_event_loop_from_a_millisecond_by_default_and_zero_means_always() -> None:
+    assert load_config(environ={}, overrides=BASE).raft.background_sync_min_ms == 1.0
+    config = load_config(environ={}, overrides={**BASE, "raft.background_sync_min_ms": "0"})
+    assert config.raft.background_sync_min_ms == 0
+    for bad in ("-1", "nan", "soon"):
+        with pytest.raises(ConfigError, match="background_sync_min_ms"):
+            load_config(environ={}, overrides={**BASE, "raft.background_sync_min_ms": bad})

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from raftstore.background_sync import HelperProcessSync, OnSynced
-from raftstore.replica import Replica
+from raftstore.replica import DurableJournal, Outbox, Replica
 from raftstore.store import RaftStore
 from tests.raftstore.test_durability import DiskObserver, _configs, wait_for_leader
 from xrcore.commands import KvPut
@@ -76,7 +76,7 @@ class DelayedSync:
             self._file_sync(self._descriptor)
         finally:
             os.close(self._descriptor)
-        self._on_synced(None)
+        self._on_synced(None, self._delay_s)
 
 
 async def _observed_writes(
@@ -87,7 +87,8 @@ async def _observed_writes(
     follower's). `writers` puts at once, `rounds` times. Returns the puts acknowledged and how
     many ticks the leader held a commit back for its own sync."""
     configs = [
-        dataclasses.replace(config, lease_tick_interval_s=0.05)
+        # Every sync off the loop, however fast the disk.
+        dataclasses.replace(config, lease_tick_interval_s=0.05, background_sync_min_ms=0)
         for config in _configs(tmp_path, "fsync")
     ]
     journals = [config.journal_file for config in configs]
@@ -179,9 +180,11 @@ def test_off_the_loop__without_the_leaders_cap_on_commits_the_checks_find_commit
 class _Reports:
     def __init__(self) -> None:
         self.seen: list[OSError | None] = []
+        self.took_s: list[float] = []
 
-    def __call__(self, error: OSError | None) -> None:
+    def __call__(self, error: OSError | None, took_s: float) -> None:
         self.seen.append(error)
+        self.took_s.append(took_s)
 
 
 async def _with_helper(use: Callable[[HelperProcessSync, _Reports], Any]) -> Any:
@@ -198,6 +201,138 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None
     while not condition():
         assert time.monotonic() < deadline_s, "timed out"
         await asyncio.sleep(0.005)
+
+
+# In line while the disk is fast, off the loop while it is slow (`raft.background_sync_min_ms`).
+
+
+class _RecordingRunner:
+    """A `SyncRunner` that only records what it is asked; the test ends each sync itself."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.running = False
+
+    def start(self, descriptor: int) -> None:
+        assert not self.running, "one sync at a time"
+        self.started += 1
+        self.running = True
+
+    def close(self) -> None:
+        self.running = False
+
+
+class _SlowDisk:
+    """The journal's clock, and its in-line sync, which takes `sync_s` of that clock."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self.sync_s = 0.0002
+        self.in_line = 0
+
+    def clock(self) -> float:
+        return self.now_s
+
+    def sync(self, descriptor: int) -> None:
+        self.in_line += 1
+        self.now_s += self.sync_s
+
+
+def _adaptive_outbox(tmp_path: Path, in_line_below_s: float) -> tuple[Any, ...]:
+    disk = _SlowDisk()
+    journal = DurableJournal(tmp_path / "raft.journal", file_sync=disk.sync, clock=disk.clock)
+    sent: list[Any] = []
+    outbox = Outbox(journal, lambda node, message: sent.append(message))
+    runner = _RecordingRunner()
+    outbox.run_syncs_with(runner)
+    outbox.in_line_below_s = in_line_below_s
+    return disk, journal, outbox, runner, sent
+
+
+def _answer_after_a_write(journal: DurableJournal, outbox: Outbox, index: int) -> None:
+    """A follower's turn: it appends an entry and answers, which must wait for the sync."""
+    journal.add(b"\x01", index, 1)
+    outbox.send("leader", {"type": "next_node_idx", "index": index})
+    outbox.flush()
+
+
+def test_adaptive__syncs_in_line_while_the_disk_is_fast_and_off_the_loop_while_it_is_slow(
+    tmp_path: Path,
+) -> None:
+    disk, journal, outbox, runner, sent = _adaptive_outbox(tmp_path, in_line_below_s=0.001)
+    # A fast disk (0.2 ms a sync): in line, each answer out once its sync ended.
+    for index in range(1, 11):
+        _answer_after_a_write(journal, outbox, index)
+    assert (disk.in_line, runner.started, len(sent)) == (10, 0, 10)
+    assert journal.recent_sync_s < 0.001
+    # One stall of 0.1 s, in line: the average jumps over 1 ms, so the next sync runs off the
+    # loop, and the answer waits for it.
+    disk.sync_s = 0.1
+    _answer_after_a_write(journal, outbox, 11)
+    assert journal.recent_sync_s >= 0.001
+    _answer_after_a_write(journal, outbox, 12)
+    assert (disk.in_line, runner.started, len(sent)) == (11, 1, 11)
+    # While that sync runs, another write does not sync in line either.
+    _answer_after_a_write(journal, outbox, 13)
+    assert (disk.in_line, runner.started, len(sent)) == (11, 1, 11)
+    disk.sync_s = 0.0002
+    # Syncs off the loop that report 0.2 ms bring the average down; each end releases what it
+    # covers and starts the next off the loop until the average is under 1 ms, then in line.
+    off_loop_ends = 0
+    index = 14
+    while runner.running:
+        runner.running = False
+        outbox.on_synced(None, 0.0002)
+        off_loop_ends += 1
+        _answer_after_a_write(journal, outbox, index)
+        index += 1
+        assert off_loop_ends < 50, "never back in line"
+    assert journal.recent_sync_s < 0.001
+    assert journal.syncs_off_loop == off_loop_ends
+    # Back in line: every answer out, none waits.
+    _answer_after_a_write(journal, outbox, index)
+    assert len(sent) == index
+    assert runner.started == off_loop_ends
+    # Off the loop for about 15 syncs after a 0.1 s stall (RECENT_SYNC_WEIGHT 0.2).
+    assert 10 <= off_loop_ends <= 20, off_loop_ends
+
+
+def test_adaptive__at_zero_every_sync_runs_off_the_loop(tmp_path: Path) -> None:
+    disk, journal, outbox, runner, sent = _adaptive_outbox(tmp_path, in_line_below_s=0.0)
+    for index in range(1, 6):
+        _answer_after_a_write(journal, outbox, index)
+        assert runner.running and len(sent) == index - 1
+        runner.running = False
+        outbox.on_synced(None, 0.0002)
+        assert len(sent) == index
+    assert (disk.in_line, runner.started, journal.syncs_off_loop) == (0, 5, 5)
+
+
+def test_helper__reports_how_long_the_sync_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk's time, measured in the helper: here a sync made 50 ms slower, as
+    bench/raft_messages.py's --disk-latency makes it."""
+    from raftstore import background_sync
+
+    synced = "os.fdatasync(descriptor)"
+    assert synced in background_sync._HELPER
+    monkeypatch.setattr(
+        background_sync,
+        "_HELPER",
+        background_sync._HELPER.replace(synced, f"{synced}; time.sleep(0.05)"),
+    )
+
+    async def use(helper: HelperProcessSync, reports: _Reports) -> tuple[OSError | None, float]:
+        with (tmp_path / "file").open("wb") as file:
+            file.write(b"data")
+            helper.start(file.fileno())
+            await _until(lambda: len(reports.seen) == 1)
+        return reports.seen[0], reports.took_s[0]
+
+    error, took_s = asyncio.run(_with_helper(use))
+    assert error is None
+    assert took_s >= 0.05
 
 
 def test_helper__syncs_the_descriptor_it_is_sent(tmp_path: Path) -> None:
@@ -270,7 +405,10 @@ def test_store__a_failed_helper_falls_back_to_syncs_in_line(tmp_path: Path) -> N
         os.fdatasync(descriptor)
 
     async def run() -> None:
-        configs = _configs(tmp_path, "fsync")
+        configs = [
+            dataclasses.replace(config, background_sync_min_ms=0)
+            for config in _configs(tmp_path, "fsync")
+        ]
         stores = [RaftStore(config, file_sync=counting) for config in configs]
         for store in stores:
             await store.start()
@@ -321,7 +459,10 @@ def test_off_the_loop__a_member_alone_syncs_before_it_applies(tmp_path: Path) ->
     """A member alone is its own majority: it may apply only what its own disk holds, so it
     syncs in line before it commits, whatever runs off the loop (here a 50 ms sync)."""
     observer = DiskObserver()
-    (config,) = [dataclasses.replace(c, peers=()) for c in _configs(tmp_path, "fsync")[:1]]
+    (config,) = [
+        dataclasses.replace(c, peers=(), background_sync_min_ms=0)
+        for c in _configs(tmp_path, "fsync")[:1]
+    ]
     journal = config.journal_file
 
     def runner(loop: asyncio.AbstractEventLoop, on_synced: OnSynced) -> DelayedSync:
