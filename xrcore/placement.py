@@ -15,9 +15,9 @@ computed from, and the state machine refuses it if anything scheduling reads has
   checkpoint's region and size, and the input's, are what placing elsewhere has to move;
 - run-time estimates from `machine.durations` (per tenant and entrypoint), or the policy's
   conservative default.
-Moving running tasks up to faster regions (`SchedulerSettings.move_ups_max`) is off here: the
-replicated state does not yet record the region a mover is bound for, which the policy needs to
-hold its room there.
+Tasks moving up or aside (`SchedulerSettings.move_ups_max`): the replicated `Task` keeps the
+region a mover is bound for (`moving_to`) from the pass that asks it to yield until it is placed
+again, and the view carries it, so every pass, on any leader, holds the same room for it.
 Waiting reasons are sent only when they changed, so a stable queue writes nothing to the log.
 """
 
