@@ -19,6 +19,7 @@ The slow marker (`make test-slow`) runs `SLOW_EXAMPLES` examples.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -281,12 +282,21 @@ def test_destroyed_replicas__leave_no_open_descriptors(tmp_path: Path) -> None:
     """pysyncobj never closed its wake-up pipe: each replica leaked two descriptors, and a test
     process that made hundreds crossed select()'s limit of 1,024 (`Replica._doDestroy`)."""
 
-    def open_descriptors() -> int:
-        return len(os.listdir("/proc/self/fd"))
+    def open_files() -> set[str]:
+        """What each descriptor refers to: a pipe or socket by its inode, a file by its path, so a
+        descriptor that an earlier test's garbage closes meanwhile is not counted against us
+        (counting alone failed in CI when two unrelated descriptors closed during the loop)."""
+        targets = set()
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # closed between the listing and the read
+                targets.add(os.readlink(f"/proc/self/fd/{name}"))
+        return targets
 
     replica = make_replica(tmp_path / "warm-up")  # imports and caches settle first
     replica.destroy()
-    before = open_descriptors()
+    gc.collect()
+    before = open_files()
     for number in range(20):
         make_replica(tmp_path / f"member-{number}").destroy()
-    assert open_descriptors() == before
+    gc.collect()
+    assert sorted(open_files() - before) == []
