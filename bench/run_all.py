@@ -83,6 +83,12 @@ BENCHMARKS = (
         "the same audit line through the standard logging path, alternating in the same run",
     ),
     Benchmark(
+        "http_server",
+        ("bench/http_server.py", "--rounds", "2"),
+        120,
+        "a bare asyncio protocol answering the same puts, alternating in the same run",
+    ),
+    Benchmark(
         "failover",
         ("bench/failover.py", "--trials", "3"),
         240,
