@@ -57,7 +57,7 @@ from bench.scheduler_sim import (  # noqa: E402
     percentile,
     simulate,
 )
-from bench.scheduler_trace import HOUR_MS, Trace, generate  # noqa: E402
+from bench.scheduler_trace import GPU_MIX, HOUR_MS, Trace, generate, size_mix  # noqa: E402
 from xrcore.devices import DeviceLedger  # noqa: E402
 from xrcore.scheduler import (  # noqa: E402
     Assign,
@@ -333,6 +333,23 @@ def plot(results: dict[str, Result], path: Path, trace: Trace) -> None:
     plt.close(figure)
 
 
+def _work_gpu_h_per_job(trace: Trace) -> float:
+    """The trace's work per job, in GPU-hours at speed 1."""
+    return sum(job.gpus * sum(job.work_ms) for job in trace.jobs) / len(trace.jobs) / HOUR_MS
+
+
+def _describe_mix(trace: Trace) -> str:
+    """The trace's jobs by GPUs per task against the cited mix, and its work per job."""
+    mix = size_mix(trace)
+    sizes = "/".join(str(gpus) for gpus, _ in GPU_MIX)
+    shares = " / ".join(f"{mix[gpus]:.0%}" for gpus, _ in GPU_MIX)
+    cited = " / ".join(f"{share:.0%}" for _, share in GPU_MIX)
+    return (
+        f"jobs of {sizes} GPUs {shares} (the cited mix: {cited}), "
+        f"{_work_gpu_h_per_job(trace):.1f} GPU-h of work a job at speed 1"
+    )
+
+
 def _table(rows: Iterable[tuple[str, dict[str, float]]]) -> str:
     columns = (
         ("mean JCT h", "mean_jct_h", "{:.2f}"),
@@ -401,10 +418,13 @@ def across_seeds(
         row["jain"] = xr["jain"]
         row["unfinished"] = xr["unfinished"] + fifo["unfinished"]
         row["violations"] = sum(float(len(result.violations)) for result in runs.values())
+        # How far this seed's trace strays from the cited job-size mix, and how much work it has.
+        row["multi_gpu_share"] = 1 - size_mix(trace)[1]
+        row["work_gpu_h_per_job"] = _work_gpu_h_per_job(trace)
         rows.append(row)
         print(
-            f"seed {seed}: mean JCT {row['mean_jct_h']:.3f}x, p95 {row['p95_jct_h']:.3f}x "
-            f"({time.perf_counter() - started:.1f} s)",
+            f"seed {seed}: mean JCT {row['mean_jct_h']:.3f}x, p95 {row['p95_jct_h']:.3f}x; "
+            f"{_describe_mix(trace)} ({time.perf_counter() - started:.1f} s)",
             flush=True,
         )
     return rows
@@ -422,14 +442,16 @@ def _seed_targets(row: dict[str, float]) -> dict[str, bool]:
 def _seeds_report(rows: list[dict[str, float]]) -> tuple[str, dict[str, dict[str, float]]]:
     """The per-seed table, and per ratio its mean, worst and the seeds meeting its target."""
     lines = [
-        "| seed | mean JCT | p95 JCT | cost | carbon | xr's Jain | unfinished | violations |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| seed | mean JCT | p95 JCT | cost | carbon | xr's Jain | unfinished | violations "
+        "| multi-GPU jobs | GPU-h a job |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         ratios = " | ".join(f"{row[key]:.3f}x" for key in SEED_RATIOS)
         lines.append(
             f"| {row['seed']:.0f} | {ratios} | {row['jain']:.3f} | {row['unfinished']:.0f} | "
-            f"{row['violations']:.0f} |"
+            f"{row['violations']:.0f} | {row['multi_gpu_share']:.0%} | "
+            f"{row['work_gpu_h_per_job']:.1f} |"
         )
     overall = {
         key: {
@@ -441,9 +463,9 @@ def _seeds_report(rows: list[dict[str, float]]) -> tuple[str, dict[str, dict[str
     }
     for label, field in (("mean", "mean"), ("worst", "worst")):
         ratios = " | ".join(f"{overall[key][field]:.3f}x" for key in SEED_RATIOS)
-        lines.append(f"| {label} | {ratios} | | | |")
+        lines.append(f"| {label} | {ratios} | | | | | |")
     met = " | ".join(f"{overall[key]['met']:.0f} of {len(rows)}" for key in SEED_RATIOS)
-    lines.append(f"| target met | {met} | | | |")
+    lines.append(f"| target met | {met} | | | | | |")
     return "\n".join(lines), overall
 
 
@@ -496,7 +518,8 @@ def main() -> None:
     tasks = sum(len(job.work_ms) for job in trace.jobs)
     print(
         f"trace: seed {trace.seed}, {len(trace.jobs)} jobs ({tasks} tasks) over {hours:g} h, "
-        f"load {trace.load:g}, GPUs {gpus}, {len(trace.outages)} region outages",
+        f"load {trace.load:g}, GPUs {gpus}, {len(trace.outages)} region outages; "
+        f"{_describe_mix(trace)}",
         flush=True,
     )
     settings = SimSettings(check_invariants=False)

@@ -67,6 +67,7 @@ __all__ = [
     "TraceJob",
     "generate",
     "regions",
+    "size_mix",
 ]
 
 MINUTE_MS = 60_000
@@ -400,3 +401,13 @@ def generate(
         hours=hours,
         load=load,
     )
+
+
+def size_mix(trace: Trace) -> dict[int, float]:
+    """The share of the trace's jobs by GPUs per task, for each size of `GPU_MIX`. A job's size
+    is its entrypoint's and a tenant has only a few entrypoints, so one trace's mix can stray far
+    from `GPU_MIX`, which it matches only on average over seeds (docs/scheduler.md)."""
+    counts = dict.fromkeys((gpus for gpus, _ in GPU_MIX), 0)
+    for job in trace.jobs:
+        counts[job.gpus] += 1
+    return {gpus: count / len(trace.jobs) for gpus, count in counts.items()}

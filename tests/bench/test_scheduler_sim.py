@@ -21,7 +21,15 @@ from hypothesis import strategies as st
 
 from bench.scheduler import fifo_first_fit, random_placement, summary
 from bench.scheduler_sim import Result, SimSettings, _Stats, jain_index, percentile, simulate
-from bench.scheduler_trace import HOUR_MS, MINUTE_MS, Trace, generate, regions
+from bench.scheduler_trace import (
+    GPU_MIX,
+    HOUR_MS,
+    MINUTE_MS,
+    Trace,
+    generate,
+    regions,
+    size_mix,
+)
 from xrcore.scheduler import (
     Assign,
     Cluster,
@@ -241,11 +249,30 @@ def test_the_benchmark_over_many_seeds_summarizes_each_and_all(tmp_path: Path) -
         fifo = summary(simulate(trace, fifo_first_fit, name="fifo", settings=SimSettings()))
         assert row["mean_jct_h"] == pytest.approx(xr["mean_jct_h"] / fifo["mean_jct_h"])
         assert row["unfinished"] == 0 and row["violations"] == 0
+        single = sum(job.gpus == 1 for job in trace.jobs) / len(trace.jobs)
+        assert row["multi_gpu_share"] == pytest.approx(1 - single)
     overall = last["overall"]["p95_jct_h"]
     p95 = [row["p95_jct_h"] for row in last["seeds"]]
     assert overall["worst"] == max(p95)
     assert overall["met"] == sum(value <= 0.7 for value in p95)
     assert "| target met |" in done.stdout
+
+
+def test_size_mix__counts_each_trace_s_jobs_and_matches_the_cited_mix_only_across_seeds() -> None:
+    """One trace's job sizes follow its few entrypoints per tenant; over many seeds they follow
+    `GPU_MIX`. The benchmark prints each seed's mix so a reader can tell a hard trace."""
+    traces = [generate(seed, jobs=300, hours=24.0) for seed in range(1, 31)]
+    for trace in traces[:3]:
+        mix = size_mix(trace)
+        assert set(mix) == {gpus for gpus, _ in GPU_MIX}
+        for gpus, share in mix.items():
+            assert share == sum(job.gpus == gpus for job in trace.jobs) / len(trace.jobs)
+    mixes = [size_mix(trace) for trace in traces]
+    for gpus, cited in GPU_MIX:
+        shares = [mix[gpus] for mix in mixes]
+        assert abs(statistics.fmean(shares) - cited) < 0.05
+    # ...while single traces stray far from it.
+    assert max(abs(mix[1] - 0.70) for mix in mixes) > 0.1
 
 
 @pytest.mark.parametrize("text", ["x", "3-1", "1-", "0-5000"])
