@@ -35,6 +35,8 @@ __all__ = ["main", "xr"]
 
 # 128 + SIGPIPE, as a shell reports a command whose reader went away (`xr kv ls | head`).
 _EXIT_BROKEN_PIPE = 141
+# How much of a bad argument an error shows.
+_SHOWN_CHARACTERS_MAX = 60
 
 
 @click.group(
@@ -64,8 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     """Runs one `xr` command and returns its exit code (never raises for a failed request)."""
     from xrcore.errors import XrError
 
+    arguments = sys.argv[1:] if argv is None else argv
+    # Python passes an argument that is not UTF-8 on as text with surrogate escapes, which no
+    # request can carry. The command of `xr lock run` (after `--`) may hold any bytes.
+    for argument in arguments[: arguments.index("--") if "--" in arguments else None]:
+        if not _is_utf8(argument):
+            click.echo(error_line("usage", f"argument {_shown(argument)} is not UTF-8"), err=True)
+            return EXIT_USAGE
     try:
-        result = xr.main(args=argv, prog_name="xr", standalone_mode=False)
+        result = xr.main(args=arguments, prog_name="xr", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     except click.ClickException as error:
@@ -77,11 +86,35 @@ def main(argv: list[str] | None = None) -> int:
     except CommandFailed as error:
         click.echo(error_line(error.code, error.message), err=True)
         return error.exit_code
+    except UnicodeEncodeError as error:
+        # Text that is not UTF-8 from elsewhere: the environment, stdin, or after `--`.
+        if not isinstance(error.object, str) or error.reason != "surrogates not allowed":
+            raise
+        click.echo(error_line("usage", f"text {_shown(error.object)} is not UTF-8"), err=True)
+        return EXIT_USAGE
     except BrokenPipeError:
         # Python would complain again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return _EXIT_BROKEN_PIPE
     return result if isinstance(result, int) else 0
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(text: str) -> str:
+    """Text that is not UTF-8 as the bytes it came from, e.g. b'key\\xff', cut short."""
+    cut = text[:_SHOWN_CHARACTERS_MAX]
+    try:
+        return repr(cut.encode(errors="surrogateescape"))
+    except UnicodeEncodeError:
+        # A lone surrogate that no byte decodes to (from a JSON escape, say).
+        return ascii(cut)
 
 
 if __name__ == "__main__":

@@ -243,22 +243,45 @@ def options() -> ClientOptions:
 def _normalize_endpoints(text: str, *, where: str) -> list[str]:
     endpoints = []
     for item in text.split(","):
-        item = item.strip().rstrip("/")
-        if not item:
+        item = item.strip()
+        if not item.rstrip("/"):
             continue
         # A bare host:port is the common slip; the API is plain HTTP unless told otherwise.
-        endpoints.append(item if "://" in item else f"http://{item}")
+        url = item if "://" in item else f"http://{item}"
+        _check_endpoint(url, where=where)
+        endpoints.append(url.rstrip("/"))
     if not endpoints:
         raise click.BadParameter(f"no endpoint in {text!r}", param_hint=where)
     return endpoints
 
 
+def _check_endpoint(url: str, *, where: str) -> None:
+    """Refuses a URL the HTTP client could not use, here rather than as a traceback from inside
+    the first request."""
+    import yarl
+
+    try:
+        parsed = yarl.URL(url)
+        # yarl parses the host and port lazily: a bad port or host name fails when read.
+        host, port = parsed.host, parsed.port
+    except (ValueError, UnicodeError) as error:
+        raise click.BadParameter(f"{url!r} is not a valid URL: {error}", param_hint=where) from None
+    if parsed.scheme not in ("http", "https"):
+        raise click.BadParameter(f"{url!r} must be an http:// or https:// URL", param_hint=where)
+    if not host or port is None:
+        raise click.BadParameter(f"{url!r} has no host", param_hint=where)
+
+
 def _read_token_file(path: str, *, where: str) -> str:
     try:
-        token = Path(path).read_text().strip()
+        token = Path(path).read_text(encoding="utf-8").strip()
     except OSError as error:
         raise click.BadParameter(
             f"cannot read token file {path!r}: {error.strerror}", param_hint=where
+        ) from None
+    except UnicodeDecodeError:
+        raise click.BadParameter(
+            f"token file {path!r} is not UTF-8 text", param_hint=where
         ) from None
     if not token:
         raise click.BadParameter(f"token file {path!r} is empty", param_hint=where)
@@ -268,11 +291,13 @@ def _read_token_file(path: str, *, where: str) -> str:
 def _read_client_config(path: str) -> dict[str, Any]:
     where = f"client configuration {path!r}"
     try:
-        document = tomllib.loads(Path(path).read_text())
+        document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
         raise click.BadParameter(
             f"cannot read {where}: {error.strerror}", param_hint="--config"
         ) from None
+    except UnicodeDecodeError:
+        raise click.BadParameter(f"{where} is not UTF-8 text", param_hint="--config") from None
     except tomllib.TOMLDecodeError as error:
         raise click.BadParameter(
             f"{where} is not valid TOML: {error}", param_hint="--config"
@@ -296,11 +321,14 @@ def _read_client_config(path: str) -> dict[str, Any]:
         if name in document and not isinstance(document[name], str):
             raise click.BadParameter(f"{where}: {name} must be a string", param_hint="--config")
     timeout_s = document.get("timeout_s")
+    # TOML has nan and inf; NaN compares false with 0, so it needs its own check.
     if timeout_s is not None and (
-        isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not 0 < timeout_s < math.inf
     ):
         raise click.BadParameter(
-            f"{where}: timeout_s must be a positive number", param_hint="--config"
+            f"{where}: timeout_s must be a positive, finite number", param_hint="--config"
         )
     return document
 

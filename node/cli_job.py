@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -39,13 +40,28 @@ def job() -> None:
     """Submit, list, inspect, cancel and follow jobs."""
 
 
+def _no_constant(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which JSON does not have and the API refuses.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_number(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        # json would read 1e999 as infinity, which the API refuses.
+        raise ValueError(f"{text} is too large")
+    return number
+
+
 def _json_object(context: click.Context, parameter: click.Parameter, text: str | None) -> Any:
     if text is None:
         return None
     try:
-        document = json.loads(text)
+        document = json.loads(text, parse_constant=_no_constant, parse_float=_finite_number)
     except ValueError as error:
         raise click.BadParameter(f"not valid JSON: {error}") from None
+    except RecursionError:
+        raise click.BadParameter("not valid JSON: nested too deeply") from None
     if not isinstance(document, dict):
         raise click.BadParameter("must be a JSON object, e.g. '{\"steps\": 10}'")
     return document

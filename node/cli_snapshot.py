@@ -121,16 +121,26 @@ def snapshot_restore(
     afresh (term 1); the state's own index, revisions and fencing tokens go on from the
     backup's."""
     try:
-        backup = decode_backup(file.read_bytes())
         config = RaftConfig(
             self_address=raft_address,
             peers=tuple(peer.strip() for peer in peers.split(",") if peer.strip()),
             data_dir=data_dir / "raft",
             insecure=True,
         )
-        seed_data_dir(config, backup.state)
+    except InvalidArgument as error:
+        raise click.UsageError(error.message) from None
+    try:
+        backup = decode_backup(file.read_bytes())
     except InvalidArgument as error:
         raise CommandFailed("snapshot.invalid", f"{file}: {error.message}") from None
+    try:
+        seed_data_dir(config, backup.state)
+    except InvalidArgument as error:
+        raise CommandFailed("restore.refused", error.message) from None
+    except OSError as error:
+        raise CommandFailed(
+            "restore.failed", f"cannot write in {data_dir}: {error.strerror}"
+        ) from None
     members = [raft_address, *config.peers]
     document = {
         "file": str(file),

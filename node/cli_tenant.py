@@ -9,6 +9,7 @@ from node.cli_common import (
     client_options,
     connect,
     emit,
+    non_empty,
     table,
     to_document,
 )
@@ -52,7 +53,7 @@ def tenant_list() -> int:
 
 
 @tenant.command("set")
-@click.argument("name")
+@click.argument("name", callback=non_empty)
 @click.option(
     "--weight",
     type=FiniteFloatRange(min=0, min_open=True, max=1000),

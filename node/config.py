@@ -11,6 +11,7 @@ names the setting and the value (`ConfigError`); secrets are never echoed.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -360,9 +361,11 @@ def load_config(
     sources: dict[str, str] = {}
     if path is not None:
         try:
-            tree = tomllib.loads(path.read_text())
+            tree = tomllib.loads(path.read_text(encoding="utf-8"))
         except OSError as error:
             raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text") from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
         sources = {name: str(path) for name in tree}
@@ -396,16 +399,22 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
             shown = "" if value is _MISSING else f" (got {_describe(dotted, value)})"
             raise ConfigError(f"setting {dotted}: {detail}{shown}") from None
         raise ConfigError(f"configuration: {detail}") from None
+    _check_finite(parsed)
     secret = parsed.raft.cluster_secret
     if parsed.raft.cluster_secret_file is not None:
         if secret is not None:
             raise ConfigError("set raft.cluster_secret or raft.cluster_secret_file, not both")
         try:
-            secret = Path(parsed.raft.cluster_secret_file).read_text().strip()
+            secret = Path(parsed.raft.cluster_secret_file).read_text(encoding="utf-8").strip()
         except OSError as error:
             raise ConfigError(
                 f"setting raft.cluster_secret_file: cannot read "
                 f"{parsed.raft.cluster_secret_file!r}: {error.strerror}"
+            ) from None
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"setting raft.cluster_secret_file: {parsed.raft.cluster_secret_file!r} is not "
+                "UTF-8 text"
             ) from None
     data_dir = Path(parsed.data_dir)
     raft_fields = {item.name for item in fields(RaftConfig)}
@@ -463,6 +472,22 @@ def _lookup(tree: dict[str, Any], dotted: str) -> Any:
         else:
             return _MISSING
     return node
+
+
+def _check_finite(parsed: _File) -> None:
+    """Refuses NaN and infinity in any number setting: NaN compares false with every bound, so
+    the range checks below would let it through, and TOML, the environment and --set all
+    spell both."""
+    for section in parsed.__struct_fields__:
+        settings = getattr(parsed, section)
+        if not isinstance(settings, msgspec.Struct):
+            continue
+        for name in settings.__struct_fields__:
+            value = getattr(settings, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(
+                    f"setting {section}.{name}: must be a finite number (got {value})"
+                )
 
 
 def _check_address(dotted: str, address: str) -> None:

@@ -102,8 +102,10 @@ def decode_backup(data: bytes) -> Backup:
             taken_at_ms=int(header["taken_at_ms"]),
             state=state,
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as error:
         raise InvalidArgument(f"the backup file's header is malformed: {error}") from None
+    except RecursionError:
+        raise InvalidArgument("the backup file's header is malformed: nested too deeply") from None
     try:
         machine = StateMachine.restore(state)
     except CodecError as error:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import signal
@@ -27,6 +28,8 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.cli import main, xr
 from node.cli_common import ClientOptions, FiniteFloatRange, resolve_settings, table
@@ -126,6 +129,14 @@ def test_help__job_logs_describes_the_captured_output() -> None:
         ["kv", "ls", "--limit", "0"],
         ["node", "run", "--set", "no-equals-sign"],
         ["no-such-command"],
+        ["kv", "get", "key", "--endpoints", "http://[::1"],
+        ["kv", "get", "key", "--endpoints", "127.0.0.1:99999"],
+        ["kv", "get", "key", "--endpoints", "host:port"],
+        ["kv", "get", "key", "--endpoints", "ftp://127.0.0.1:1"],
+        ["tenant", "set", ""],
+        ["job", "submit", "train", "--workload", "w", "--args", '{"a": NaN}'],
+        ["job", "submit", "train", "--workload", "w", "--args", '{"a": 1e999}'],
+        ["job", "submit", "train", "--workload", "w", "--args", "[" * 100_000],
     ],
 )
 def test_usage_errors__exit_two(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,6 +181,101 @@ def test_settings__unknown_client_config_setting_is_a_usage_error(
     config.write_text('endpoint = "typo:1"\n')
     assert main(["kv", "get", "key", "--config", str(config)]) == 2
     assert "unknown setting(s) endpoint" in capsys.readouterr().err
+
+
+def test_settings__files_that_are_not_utf8_or_a_nan_timeout_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_text = tmp_path / "not-text"
+    not_text.write_bytes(b"\xff\xfe token")
+    nan_timeout = tmp_path / "client.toml"
+    nan_timeout.write_text("timeout_s = nan\n")
+    for option, path, message in [
+        ("--token-file", not_text, "is not UTF-8 text"),
+        ("--config", not_text, "is not UTF-8 text"),
+        ("--config", nan_timeout, "timeout_s must be a positive, finite number"),
+    ]:
+        assert main(["kv", "get", "k", "--endpoints", "127.0.0.1:9", option, str(path)]) == 2
+        error = capsys.readouterr().err
+        assert message in error and "Traceback" not in error
+
+
+def test_settings__an_empty_ca_file_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "ca.pem"
+    empty.write_bytes(b"")
+    assert (
+        main(["kv", "get", "k", "--endpoints", "https://127.0.0.1:9", "--ca-file", str(empty)]) == 2
+    )
+    assert f"ca_file {str(empty)!r}: not PEM CA certificates" in capsys.readouterr().err
+
+
+def test_arguments__not_utf8_is_a_usage_error_before_any_request(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Python hands on an argument that is not UTF-8 with surrogate escapes ('\\udcff' for the
+    byte 0xff); no request can carry one. Also after `--`, where it is not checked up front."""
+    assert main(["kv", "get", "key\udcff", "--endpoints", "127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err == "xr: usage: argument b'key\\xff' is not UTF-8\n"
+    assert main(["kv", "get", "--endpoints", "127.0.0.1:9", "--", "key\udcff"]) == 2
+    assert capsys.readouterr().err == "xr: usage: text b'key\\xff' is not UTF-8\n"
+
+
+def test_node_run__config_not_utf8_or_nan_exits_two(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = ["node", "run", "--check", "--region", "r0", "--data-dir", str(tmp_path)]
+    arguments += ["--raft-address", "127.0.0.1:7001"]
+    not_text = tmp_path / "node.toml"
+    not_text.write_bytes(b'[region]\nname = "r\xff"\n')
+    assert main([*arguments, "--config", str(not_text)]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
+    assert main([*arguments, "--cluster-secret-file", str(not_text)]) == 2
+    assert "raft.cluster_secret_file" in capsys.readouterr().err
+    # NaN passes every range check (it compares false), so each number setting needs this.
+    for setting in ("region.price_per_gpu_hour=nan", "http.wait_max_s=nan", "http.wait_max_s=inf"):
+        assert main([*arguments, "--set", setting]) == 2, setting
+        assert "must be a finite number" in capsys.readouterr().err
+
+
+_UNREACHABLE = ["--endpoints", "127.0.0.1:9", "--timeout", "0.05"]
+# Commands that make one request and end; None is where generated text goes. (No value of
+# `kv put` is generated: `-` would read stdin.)
+_FUZZED_COMMANDS = [
+    ["kv", "get", None],
+    ["kv", "put", None, "value"],
+    ["kv", "del", None],
+    ["kv", "ls", "--prefix", None],
+    ["job", "show", None],
+    ["job", "cancel", None, "--reason", None],
+    ["job", "submit", None, "--workload", None],
+    ["job", "submit", "name", "--workload", "w", "--args", None],
+    ["lock", "show", None],
+    ["lock", "release", None, "--session", None],
+    ["session", "show", None],
+    ["region", "show", None],
+    ["tenant", "set", None],
+    ["cluster", "transfer-leader", None],
+]
+
+
+@given(
+    command=st.sampled_from(_FUZZED_COMMANDS),
+    # Surrogates included: what Python makes of arguments that are not UTF-8.
+    texts=st.lists(st.text(st.characters(exclude_categories=())), min_size=2, max_size=2),
+)
+@settings(max_examples=100, derandomize=True, deadline=None)
+def test_arguments__any_text_gives_an_exit_code_and_no_traceback(
+    command: list[str | None], texts: list[str]
+) -> None:
+    generated = iter(texts)
+    arguments = [next(generated) if item is None else item for item in command]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*arguments, *_UNREACHABLE])
+    assert code in (1, 2, 3), (code, err.getvalue())
+    assert err.getvalue().count("\n") <= 5 and "Traceback" not in err.getvalue()
 
 
 def test_table__aligns_columns_and_shows_none_as_dash() -> None:

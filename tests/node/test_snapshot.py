@@ -9,6 +9,7 @@ files are refused with a message that says so, and only admins may save.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from node.api.snapshot import Backup, decode_backup, encode_backup
+from node.api.snapshot import BACKUP_FORMAT, MAGIC, Backup, decode_backup, encode_backup
 from node.cli import main
 from node.localcluster import LocalCluster
 from xrcore import StateMachine
@@ -71,6 +72,49 @@ def test_backup__round_trips() -> None:
 def test_backup__damaged_or_foreign_files_are_refused(damage: Any, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         decode_backup(damage(_backup()))
+
+
+def _sealed(header: bytes) -> bytes:
+    """A file with a valid mark and checksum around `header`, as only a crafted file has."""
+    body = MAGIC + len(header).to_bytes(4, "big") + header
+    return body + hashlib.sha256(body).digest()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"[" * 30_000 + b"]" * 30_000,
+        b'{"format": %d, "state_bytes": 0, "machine_index": 1e999}' % BACKUP_FORMAT,
+    ],
+    ids=["nested-too-deeply", "infinite-index"],
+)
+def test_backup__a_crafted_header_is_refused(header: bytes) -> None:
+    with pytest.raises(InvalidArgument, match="header is malformed"):
+        decode_backup(_sealed(header))
+
+
+def test_restore__bad_arguments_and_an_unwritable_data_dir_are_clear_errors(
+    tmp_path: Path,
+) -> None:
+    file = tmp_path / "backup.xr"
+    file.write_bytes(_backup())
+    in_a_file = tmp_path / "backup.xr" / "node"
+    result = _run(
+        "snapshot", "restore", str(file), "--data-dir", str(in_a_file),
+        "--raft-address", "127.0.0.1:7001",
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert (
+        "xr: restore.failed: cannot write in" in result.output
+        and "Not a directory" in result.output
+    )
+    # An address is the command's mistake, not the file's.
+    result = _run(
+        "snapshot", "restore", str(file), "--data-dir", str(tmp_path / "node"),
+        "--raft-address", "nonsense",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "snapshot.invalid" not in result.output and "must be host:port" in result.output
 
 
 def test_restore__refuses_a_corrupt_file_and_writes_nothing(tmp_path: Path) -> None:

@@ -91,7 +91,8 @@ def tls_context(
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         try:
             context.load_verify_locations(cadata=_read("ca_file", ca_file).decode("ascii"))
-        except (UnicodeDecodeError, ssl.SSLError) as error:
+        # ValueError: not ASCII, or no certificate at all (an empty file).
+        except (ValueError, ssl.SSLError) as error:
             raise ValueError(f"ca_file {ca_file!r}: not PEM CA certificates ({error})") from None
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert_file is not None:
