@@ -31,6 +31,7 @@ import collections
 import importlib
 import logging
 import os
+import socket
 import struct
 import sys
 import threading
@@ -42,7 +43,7 @@ from typing import Any, TypeVar
 import msgspec
 import pysyncobj.pickle as pysyncobj_pickle
 import pysyncobj.syncobj as syncobj_module
-from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
@@ -608,6 +609,25 @@ class _CappedIndexes:
         return self._real.items()
 
 
+def _probe_bind(address: str) -> None:
+    """Raises the OSError binding `address` (host:port) meets, as pysyncobj's own bind would
+    (SO_REUSEADDR), naming the address: pysyncobj drops the reason."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+            probe.listen()
+        except OSError as error:
+            raise OSError(
+                error.errno, f"cannot listen for Raft on {address}: {error.strerror}"
+            ) from None
+        except ValueError as error:
+            raise OSError(f"cannot listen for Raft on {address}: {error}") from None
+
+
 class Replica(SyncObj):
     """One member of the Raft group, holding one `StateMachine`."""
 
@@ -631,6 +651,8 @@ class Replica(SyncObj):
         self.durable = config.durability == "fsync"
         config.data_dir.mkdir(parents=True, exist_ok=True)
         repair_journal(config.journal_file)
+        # Listen where this node says it is, not on every interface.
+        bind_address = config.bind_address or config.self_address
         conf = SyncObjConf(
             autoTick=False,
             appendEntriesUseBatch=False,
@@ -653,9 +675,13 @@ class Replica(SyncObj):
             commandsWaitLeader=True,
             dynamicMembershipChange=True,
             useFork=False,
-            # Listen where this node says it is, not on every interface.
-            bindAddress=config.bind_address or config.self_address,
+            bindAddress=bind_address,
+            # pysyncobj's default (0) retries a failed bind forever, and with autoTick off its
+            # constructor spins on it: one attempt, after the probe below.
+            maxBindRetries=1,
         )
+        if transport is None:
+            _probe_bind(bind_address)
         # Strangers on the Raft port may not announce frames bigger than a handshake.
         frames.install()
         # pysyncobj makes its poller in its constructor through a module function, and hands it
@@ -670,6 +696,9 @@ class Replica(SyncObj):
                 conf,
                 transport=transport,
             )
+        except SyncObjException as error:
+            # The port was taken between the probe and pysyncobj's bind.
+            raise OSError(f"cannot listen for Raft on {bind_address}: {error}") from None
         finally:
             syncobj_module.createPoller = create_poller
         if poller is not None:

@@ -16,6 +16,8 @@ class FAIL_REASON:
     REQUEST_DENIED: int
     UNKNOWN_OUTCOME: int
 
+class SyncObjException(Exception): ...
+
 class SyncObjConf:
     def __init__(self, **kwargs: Any) -> None: ...
 

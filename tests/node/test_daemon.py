@@ -5,6 +5,7 @@ with every acknowledged write."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -114,6 +115,23 @@ def test_a_node_with_an_invalid_configuration_exits_with_a_message(tmp_path: Pat
     assert node.process is not None
     assert node.process.wait(30) == 2
     assert "http.wait_max_s" in node.log_tail()
+
+
+def test_a_node_whose_raft_port_is_taken_exits_with_a_message(tmp_path: Path) -> None:
+    """pysyncobj retries a failed bind forever by default, and its constructor spun on it: the
+    node hung at start, silent, on one core."""
+    local = LocalCluster(tmp_path, size=1)
+    node = local.nodes[0]
+    with socket.create_server((node.host, node.raft_port)):
+        node.start()
+        assert node.process is not None
+        try:
+            assert node.process.wait(30) == 1
+        finally:
+            node.kill()
+    assert f"cannot listen for Raft on {node.raft_address}: Address already in use" in (
+        node.log_tail()
+    )
 
 
 def test_json_logs_carry_the_request_id_and_route() -> None:
