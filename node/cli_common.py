@@ -333,8 +333,14 @@ def _read_client_config(path: str) -> dict[str, Any]:
     return document
 
 
-def resolve_settings(given: ClientOptions, environ: Mapping[str, str]) -> ClientSettings:
-    """Flags, then environment, then the client configuration file, then defaults."""
+def resolve_settings(
+    given: ClientOptions,
+    environ: Mapping[str, str],
+    *,
+    default_timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ClientSettings:
+    """Flags, then environment, then the client configuration file, then defaults
+    (`default_timeout_s` where neither the flag nor the file sets a timeout)."""
     config_path = given.config_file or environ.get("XR_CLIENT_CONFIG")
     file = _read_client_config(config_path) if config_path else {}
     if given.token is not None and given.token_file is not None:
@@ -360,7 +366,7 @@ def resolve_settings(given: ClientOptions, environ: Mapping[str, str]) -> Client
         token = _read_token_file(file["token_file"], where="--config")
     else:
         token = None
-    timeout_s = given.timeout_s or float(file.get("timeout_s", DEFAULT_TIMEOUT_S))
+    timeout_s = given.timeout_s or float(file.get("timeout_s", default_timeout_s))
     tls_files: dict[str, str | None] = {}
     for name in _TLS_KEYS:
         flag = getattr(given, name)

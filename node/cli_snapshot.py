@@ -33,8 +33,9 @@ from xrcore.errors import InvalidArgument
 
 __all__ = ["snapshot"]
 
-# A backup can be large; give the barrier and the transfer more than a plain request's time.
-_SAVE_TIMEOUT_S_MIN = 60.0
+# A backup can be large; unless --timeout or the client configuration says otherwise, give the
+# barrier and the transfer more than a plain request's time.
+_SAVE_TIMEOUT_S_DEFAULT = 60.0
 
 
 @click.group()
@@ -46,11 +47,11 @@ def snapshot() -> None:
 async def _fetch(path: str) -> dict[str, object]:
     from xrcore.client._transport import Transport
 
-    settings = resolve_settings(options(), os.environ)
+    settings = resolve_settings(options(), os.environ, default_timeout_s=_SAVE_TIMEOUT_S_DEFAULT)
     transport = Transport(
         settings.endpoints,
         token=settings.token,
-        timeout_s=max(settings.timeout_s, _SAVE_TIMEOUT_S_MIN),
+        timeout_s=settings.timeout_s,
         ca_file=settings.ca_file,
         cert_file=settings.cert_file,
         key_file=settings.key_file,

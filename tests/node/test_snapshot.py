@@ -216,3 +216,48 @@ def test_save__needs_an_admin_token(tmp_path: Path) -> None:
         assert decode_backup(file.read_bytes()).machine_index > 0
     finally:
         cluster.kill()
+
+
+@pytest.mark.parametrize(
+    ("flags", "config", "expected_s"),
+    [
+        ((), None, 60.0),  # A backup can be large: more than a plain request's 10 s.
+        (("--timeout", "2.5"), None, 2.5),  # The user's choice, shorter or longer, is honoured.
+        (("--timeout", "600"), None, 600.0),
+        ((), "timeout_s = 4\n", 4.0),
+    ],
+)
+def test_save__uses_the_timeout_given_and_60_s_otherwise(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: tuple[str, ...],
+    config: str | None,
+    expected_s: float,
+) -> None:
+    import base64
+
+    from xrcore.client import _transport
+
+    timeouts: list[float] = []
+
+    class Answering:
+        def __init__(self, endpoints: object, *, timeout_s: float, **_: object) -> None:
+            timeouts.append(timeout_s)
+
+        async def call(self, method: str, path: str) -> dict[str, object]:
+            assert (method, path) == ("GET", "/v1/snapshot")
+            return {"file": base64.b64encode(_backup()).decode()}
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(_transport, "Transport", Answering)
+    extra: tuple[str, ...] = ()
+    if config is not None:
+        (tmp_path / "client.toml").write_text(config)
+        extra = ("--config", str(tmp_path / "client.toml"))
+    file = tmp_path / "backup.xr"
+    saved = _run("snapshot", "save", str(file), "--endpoints", "127.0.0.1:1", *flags, *extra)
+    assert saved.exit_code == 0, saved.output
+    assert timeouts == [expected_s]
+    assert decode_backup(file.read_bytes()).raft_index == 2
