@@ -210,6 +210,37 @@ def test_watch__resumes_after_a_dropped_poll_from_the_next_revision(fakes: FakeN
     assert all(0 < float(poll.query["wait_s"]) <= 20 for poll in polls)
 
 
+def test_watch__an_outage_longer_than_retry_s__ends_it_with_how_long_it_retried(
+    fakes: FakeNodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xrcore.client import _api
+    from xrcore.client._transport import REQUEST_ID_HEADER
+
+    # Short polls keep the test short; the rule is the same at the default 20 s.
+    monkeypatch.setattr(_api, "POLL_S", 0.5)
+    node = fakes.add({"GET /v1/watch": [error("cluster.unavailable", 503, definite=False)]})
+
+    async def scenario() -> None:
+        async with AsyncClient(node.url, timeout_s=0.3, retry_s=1.0) as client:
+            await anext(client.kv.watch("p/", from_revision=1))
+
+    with pytest.raises(ClusterUnavailable) as raised:
+        run(scenario)
+    # The message says how long the loop retried and what it allows, not only the last call's
+    # deadline.
+    assert "gave up after" in raised.value.message
+    assert "rides out an outage of 1 s" in raised.value.message
+    # The first call had a whole poll (0.5 s + 0.3 s); the second was cut to what was left of
+    # the 1 s allowance (at most 0.2 s of wait), and it was the last.
+    calls: dict[str, list[float]] = {}
+    for poll in node.requests("GET /v1/watch"):
+        calls.setdefault(poll.headers[REQUEST_ID_HEADER], []).append(float(poll.query["wait_s"]))
+    waits = list(calls.values())
+    assert len(waits) == 2, waits
+    assert waits[0][0] == 0.5
+    assert all(wait <= 0.2 for wait in waits[1])
+
+
 def test_lock_acquire__wait_ended_early_by_the_node__joins_again_with_a_new_key(
     fakes: FakeNodes,
 ) -> None:

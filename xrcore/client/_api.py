@@ -81,17 +81,33 @@ class _OutageAllowance:
     def __init__(self, retry_s: float) -> None:
         self._retry_s = retry_s
         self._failing_since_s: float | None = None
+        self._call_started_s: float | None = None
+
+    def poll_s(self, longest_s: float) -> float:
+        """The wait for the next long poll, whose start this marks: `longest_s`, or, while calls
+        fail, no more than what is left of the allowance, so the loop gives up about `retry_s`
+        after the outage began rather than a whole poll later."""
+        now_s = asyncio.get_running_loop().time()
+        self._call_started_s = now_s
+        if self._failing_since_s is None:
+            return longest_s
+        return max(0.0, min(longest_s, self._retry_s - (now_s - self._failing_since_s)))
 
     def succeeded(self) -> None:
         self._failing_since_s = None
 
     def failed(self, error: XrError) -> None:
-        """Returns when the loop may go on; raises `error` once the outage has lasted `retry_s`."""
+        """Returns when the loop may go on; once the outage (from the start of the first call
+        that failed) has lasted `retry_s`, raises an error of `error`'s kind that says so."""
         now_s = asyncio.get_running_loop().time()
         if self._failing_since_s is None:
-            self._failing_since_s = now_s
-        if now_s - self._failing_since_s >= self._retry_s:
-            raise error
+            self._failing_since_s = self._call_started_s or now_s
+        failing_s = now_s - self._failing_since_s
+        if failing_s >= self._retry_s:
+            raise type(error)(
+                f"{error.message}; gave up after {failing_s:.0f} s of retries (the loop rides "
+                f"out an outage of {self._retry_s:g} s)"
+            ) from error
 
 
 class AsyncKv:
@@ -186,7 +202,7 @@ class AsyncKv:
             }
             try:
                 document = await self._transport.call(
-                    "GET", "/v1/watch", query=query, wait_s=POLL_S
+                    "GET", "/v1/watch", query=query, wait_s=allowance.poll_s(POLL_S)
                 )
             except OUTAGE_ERRORS as error:
                 allowance.failed(error)
@@ -405,7 +421,9 @@ class AsyncJobs:
                     raise Timeout(f"job {job_id!r} did not finish within {timeout_s} s")
                 poll_s = min(poll_s, left_s)
             try:
-                document = await self._transport.call("GET", _job_path(job_id), wait_s=poll_s)
+                document = await self._transport.call(
+                    "GET", _job_path(job_id), wait_s=allowance.poll_s(poll_s)
+                )
             except OUTAGE_ERRORS as error:
                 allowance.failed(error)
                 continue

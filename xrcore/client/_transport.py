@@ -234,7 +234,7 @@ class Transport:
             now_s = loop.time()
             remaining_s = deadline_s - now_s
             if remaining_s <= 0:
-                raise _give_up(method, path, own_timeout_s, uncertain, last_problem)
+                raise _give_up(method, path, deadline_s - started_s, uncertain, last_problem)
             endpoint_index = self._current
             wait_left_s = max(0.0, wait_until_s - now_s) if wait_s is not None else None
             try_timeout_s = min(
@@ -271,7 +271,9 @@ class Transport:
                         await asyncio.sleep(answer.retry_after_s)
                         continue
                     if uncertain:
-                        raise _give_up(method, path, own_timeout_s, uncertain, repr(failure))
+                        raise _give_up(
+                            method, path, deadline_s - started_s, uncertain, repr(failure)
+                        )
                     raise failure
                 if answer.status < 500:
                     raise failure
@@ -398,14 +400,17 @@ def _check_finite(value: Any, where: str) -> None:
 
 
 def _give_up(
-    method: str, path: str, timeout_s: float, uncertain: bool, last_problem: str
+    method: str, path: str, deadline_s: float, uncertain: bool, last_problem: str
 ) -> XrError:
+    """The error for a call that ran out of time; `deadline_s`: the time it had (its timeout,
+    plus a long poll's wait)."""
+    shown_s = f"{round(deadline_s, 2):g}"
     if uncertain:
         return Timeout(
-            f"{method} {path}: no answer within {timeout_s} s; it may or may not have been "
+            f"{method} {path}: no answer within {shown_s} s; it may or may not have been "
             f"applied (last: {last_problem})"
         )
     return ClusterUnavailable(
-        f"{method} {path}: no node could serve it within {timeout_s} s; nothing was applied "
+        f"{method} {path}: no node could serve it within {shown_s} s; nothing was applied "
         f"(last: {last_problem})"
     )
