@@ -399,7 +399,9 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
             shown = "" if value is _MISSING else f" (got {_describe(dotted, value)})"
             raise ConfigError(f"setting {dotted}: {detail}{shown}") from None
         raise ConfigError(f"configuration: {detail}") from None
-    _check_finite(parsed)
+    _check_numbers(parsed)
+    if not parsed.data_dir.strip():
+        raise ConfigError("setting data_dir: must not be empty")
     secret = parsed.raft.cluster_secret
     if parsed.raft.cluster_secret_file is not None:
         if secret is not None:
@@ -416,6 +418,15 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
                 f"setting raft.cluster_secret_file: {parsed.raft.cluster_secret_file!r} is not "
                 "UTF-8 text"
             ) from None
+        if not secret:
+            raise ConfigError(
+                f"setting raft.cluster_secret_file: {parsed.raft.cluster_secret_file!r} is "
+                "empty; a cluster secret must not be empty (leave the setting out for none)"
+            )
+    elif secret is not None and not secret.strip():
+        raise ConfigError(
+            "setting raft.cluster_secret: must not be empty (leave the setting out for none)"
+        )
     data_dir = Path(parsed.data_dir)
     raft_fields = {item.name for item in fields(RaftConfig)}
     timing = {
@@ -474,20 +485,40 @@ def _lookup(tree: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def _check_finite(parsed: _File) -> None:
-    """Refuses NaN and infinity in any number setting: NaN compares false with every bound, so
+# The largest duration any setting may have: a year. Nothing in a node waits that long, and a
+# bound keeps absurd values (1e308 s) out of timers and of the milliseconds that go into commands.
+_DURATION_S_MAX = 365 * 24 * 3600
+# The largest count or size: exact in a double and in JSON.
+_INTEGER_MAX = 2**53
+
+
+def _check_numbers(parsed: _File) -> None:
+    """Refuses NaN and infinity in any number setting (NaN compares false with every bound, so
     the range checks below would let it through, and TOML, the environment and --set all
-    spell both."""
+    spell both), durations over a year (settings named `..._s` or `..._ms`) and integers over
+    2^53."""
     for section in parsed.__struct_fields__:
         settings = getattr(parsed, section)
         if not isinstance(settings, msgspec.Struct):
             continue
         for name in settings.__struct_fields__:
             value = getattr(settings, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            dotted = f"{section}.{name}"
             if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"setting {dotted}: must be a finite number (got {value})")
+            if name.endswith("_s") and value > _DURATION_S_MAX:
                 raise ConfigError(
-                    f"setting {section}.{name}: must be a finite number (got {value})"
+                    f"setting {dotted}: must be at most {_DURATION_S_MAX} s, a year (got {value})"
                 )
+            if name.endswith("_ms") and value > _DURATION_S_MAX * 1000:
+                raise ConfigError(
+                    f"setting {dotted}: must be at most {_DURATION_S_MAX * 1000} ms, a year "
+                    f"(got {value})"
+                )
+            if isinstance(value, int) and abs(value) > _INTEGER_MAX:
+                raise ConfigError(f"setting {dotted}: must be at most {_INTEGER_MAX} (got {value})")
 
 
 def _check_address(dotted: str, address: str) -> None:

@@ -66,6 +66,16 @@ def test_round_trip_times_come_as_region_equals_milliseconds() -> None:
         ({"scheduler.move_ups_max": "-1"}, "scheduler.move_ups_max"),
         ({"scheduler.move_aside_loss_max_s": "-1"}, "scheduler.move_aside_loss_max_s"),
         ({"scheduler.move_aside": "sometimes"}, "scheduler.move_aside"),
+        # Absurd but finite: durations over a year, counts over 2^53, an empty data_dir.
+        ({"http.wait_max_s": "1e308"}, "http.wait_max_s: must be at most 31536000 s"),
+        ({"executor.retry_backoff_max_s": "31536001"}, "executor.retry_backoff_max_s"),
+        ({"raft.background_sync_min_ms": "1e300"}, "raft.background_sync_min_ms"),
+        ({"scheduler.default_estimate_s": "1e12"}, "scheduler.default_estimate_s"),
+        ({"http.body_bytes_max": str(2**60)}, "body_bytes_max: must be at most 9007199254740992"),
+        ({"raft.log_compaction_min_entries": str(2**64)}, "raft.log_compaction_min_entries"),
+        ({"data_dir": ""}, "data_dir: must not be empty"),
+        ({"data_dir": "  "}, "data_dir: must not be empty"),
+        ({"raft.cluster_secret": ""}, "raft.cluster_secret: must not be empty"),
     ],
 )
 def test_an_invalid_setting_is_named_with_its_value(overrides: dict[str, str], named: str) -> None:
@@ -100,6 +110,31 @@ def test_raft_off_loopback_needs_a_cluster_secret_and_the_secret_is_never_shown(
             },
         )
     assert "s3cret" not in str(raised.value)
+
+
+def test_an_empty_cluster_secret_file_is_refused(tmp_path: Path) -> None:
+    # An empty file is a mistake (a secret not yet written, a wrong path), never a choice: a node
+    # that read it as "no secret" would talk to its peers unauthenticated.
+    for text in ("", "\n", "  \n"):
+        secret_file = tmp_path / "secret"
+        secret_file.write_text(text)
+        with pytest.raises(ConfigError, match=r"raft\.cluster_secret_file: .* is empty"):
+            load_config(
+                environ={}, overrides={**BASE, "raft.cluster_secret_file": str(secret_file)}
+            )
+
+
+def test_a_duration_of_a_year_and_a_count_of_2_53_are_accepted() -> None:
+    config = load_config(
+        environ={},
+        overrides={
+            **BASE,
+            "scheduler.default_estimate_s": str(365 * 24 * 3600),
+            "raft.log_compaction_min_entries": str(2**53),
+        },
+    )
+    assert config.scheduler.default_estimate_s == 365 * 24 * 3600
+    assert config.raft.log_compaction_min_entries == 2**53
 
 
 def test_tokens_are_configured_as_digests_with_a_role_and_a_tenant(tmp_path: Path) -> None:
