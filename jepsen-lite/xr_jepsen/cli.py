@@ -62,7 +62,14 @@ def cli() -> None:
 @click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True)
 @click.option("--time", "time_s", type=FiniteFloatRange(1, 3600), default=30, show_default=True)
 @click.option("--seed", type=int, default=None, help="default: drawn, and printed")
-@click.option("--dir", "run_dir", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--dir",
+    "run_dir",
+    type=click.Path(file_okay=False),
+    callback=lambda _ctx, _param, value: _non_empty_path(value, "--dir"),
+    default=None,
+    help="a new or empty directory",
+)
 @click.option(
     "--no-namespaces",
     is_flag=True,
@@ -95,6 +102,7 @@ def run(
     if run_dir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = DEFAULT_RUNS_DIR / f"{stamp}-{workload}-{nemesis}-s{seed}"
+    _make_run_dir(run_dir)
     config = RunConfig(
         workload=workload,
         nemesis=nemesis,
@@ -111,6 +119,10 @@ def run(
     except RunRefused as error:
         _say(f"xr-jepsen: refused: {error}")
         sys.exit(EXIT_USAGE)
+    except RuntimeError as error:
+        # The cluster did not start (a bad --set, say): the run could not be made.
+        _say(f"xr-jepsen: the run failed: {error}")
+        sys.exit(EXIT_USAGE)
     click.echo(json.dumps({k: results[k] for k in ("verdict", "ops", "anomalies", "command")}))
     sys.exit(_exit_code(str(results["verdict"])))
 
@@ -123,12 +135,20 @@ def check(history: Path, workload: str | None) -> None:
     from xr_jepsen.history import read_history
     from xr_jepsen.workloads import make_workload
 
-    ops = read_history(history)
-    if workload is None:
-        workload = next((_WORKLOAD_OF_F[op.f] for op in ops if op.f in _WORKLOAD_OF_F), None)
-    if workload is None:
-        raise click.UsageError("cannot tell the workload from the history; give --workload")
-    result = make_workload(workload).check(ops)
+    try:
+        ops = read_history(history)
+        if workload is None:
+            workload = next((_WORKLOAD_OF_F[op.f] for op in ops if op.f in _WORKLOAD_OF_F), None)
+        if workload is None:
+            raise click.UsageError("cannot tell the workload from the history; give --workload")
+        result = make_workload(workload).check(ops)
+    except OSError as error:
+        raise click.BadParameter(
+            f"cannot read it: {error.strerror}", param_hint="HISTORY"
+        ) from None
+    except ValueError as error:
+        # A HistoryError (a bad line, ops that do not pair up) or an op the checker cannot take.
+        raise click.BadParameter(str(error), param_hint="HISTORY") from None
     click.echo(json.dumps(result.to_json(), indent=2, default=str))
     verdict = "unknown" if result.valid == "unknown" else "valid" if result.valid else "invalid"
     sys.exit(_exit_code(verdict))
@@ -138,22 +158,49 @@ def check(history: Path, workload: str | None) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def report(run_dir: Path) -> None:
     """Rebuilds RUN_DIR/report.html from the run's files and prints its path."""
-    from xr_jepsen.report import write_report
+    from xr_jepsen.report import ReportError, write_report
 
-    click.echo(str(write_report(run_dir)))
+    try:
+        path = write_report(run_dir)
+    except ReportError as error:
+        raise click.BadParameter(str(error), param_hint="RUN_DIR") from None
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot write {error.filename or run_dir / 'report.html'}: {error.strerror}"
+        ) from None
+    click.echo(str(path))
 
 
 @cli.command()
-@click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
 @click.option(
-    "--nemeses", default=",".join(name for name in NEMESES if name != "none"), show_default=True
+    "--workloads",
+    default=",".join(WORKLOADS),
+    show_default=True,
+    callback=lambda _ctx, _param, value: _names(value, WORKLOADS, "--workloads"),
+)
+@click.option(
+    "--nemeses",
+    default=",".join(name for name in NEMESES if name != "none"),
+    show_default=True,
+    callback=lambda _ctx, _param, value: _names(value, NEMESES, "--nemeses"),
 )
 @click.option("--nodes", type=click.IntRange(1, 9), default=5, show_default=True)
 @click.option("--time", "time_s", type=FiniteFloatRange(1, 3600), default=60, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--dir", "runs_dir", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--dir",
+    "runs_dir",
+    type=click.Path(file_okay=False),
+    callback=lambda _ctx, _param, value: _non_empty_path(value, "--dir"),
+    default=None,
+)
 def matrix(
-    workloads: str, nemeses: str, nodes: int, time_s: float, seed: int, runs_dir: Path | None
+    workloads: list[str],
+    nemeses: list[str],
+    nodes: int,
+    time_s: float,
+    seed: int,
+    runs_dir: Path | None,
 ) -> None:
     """Every workload under every nemesis; prints a table of runs, operations, anomalies and
     verdicts. Exits 1 if any run is invalid."""
@@ -161,9 +208,14 @@ def matrix(
     from xr_jepsen.runner import run as run_one
 
     runs_dir = runs_dir or DEFAULT_RUNS_DIR / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (runs_dir / "matrix.json").exists():
+        raise click.BadParameter(f"{runs_dir} already holds a matrix", param_hint="--dir")
+    for workload in workloads:
+        for nemesis in nemeses:
+            _make_run_dir(runs_dir / f"{workload}-{nemesis}")
     rows: list[dict[str, Any]] = []
-    for workload in workloads.split(","):
-        for nemesis in nemeses.split(","):
+    for workload in workloads:
+        for nemesis in nemeses:
             config = RunConfig(
                 workload=workload,
                 nemesis=nemesis,
@@ -193,6 +245,39 @@ def matrix(
     runs_dir.mkdir(parents=True, exist_ok=True)
     (runs_dir / "matrix.json").write_text(json.dumps(rows, indent=2) + "\n")
     sys.exit(EXIT_INVALID if any(row["verdict"] == "invalid" for row in rows) else EXIT_VALID)
+
+
+def _non_empty_path(value: str | None, option: str) -> Path | None:
+    if value is None:
+        return None
+    if not value:
+        raise click.BadParameter("must not be empty", param_hint=option)
+    return Path(value)
+
+
+def _make_run_dir(path: Path) -> None:
+    """Makes a run's directory, refusing one that holds files already: a run there would
+    overwrite an earlier run's history and start its nodes on the earlier run's data."""
+    try:
+        if path.is_dir() and any(path.iterdir()):
+            raise click.BadParameter(
+                f"{path} is not empty; a run needs a new or empty directory", param_hint="--dir"
+            )
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise click.BadParameter(
+            f"cannot make {path}: {error.strerror}", param_hint="--dir"
+        ) from None
+
+
+def _names(value: str, known: tuple[str, ...], option: str) -> list[str]:
+    names = value.split(",")
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise click.BadParameter(
+            f"{unknown[0]!r} is not one of {', '.join(known)}", param_hint=option
+        )
+    return list(dict.fromkeys(names))
 
 
 def _settings(pairs: tuple[str, ...]) -> dict[str, str]:

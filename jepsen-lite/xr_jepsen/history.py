@@ -21,6 +21,7 @@ lock, so index order is real-time order, and checkers use indices as their clock
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -252,18 +253,36 @@ def _dumps(op: Op) -> str:
     return json.dumps(op.to_json(), separators=(",", ":"), allow_nan=False)
 
 
+def _no_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise json.JSONDecodeError(f"{text} is too large", text, 0)
+    return value
+
+
 def read_history(path: str | Path) -> list[Op]:
     """Reads a JSON-lines history. Blank lines are skipped; any other bad line raises
     HistoryError with its line number. Indices must be 0, 1, 2, ... in file order."""
     ops: list[Op] = []
-    with open(path, encoding="utf-8") as file:
-        for line_number, line in enumerate(file, start=1):
+    with open(path, "rb") as file:
+        for line_number, raw in enumerate(file, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise HistoryError("not UTF-8 text", line=line_number) from None
             if not line.strip():
                 continue
             try:
-                data = json.loads(line)
+                # NaN and infinity are not JSON, and `write_history` never writes them.
+                data = json.loads(line, parse_constant=_no_constant, parse_float=_finite)
             except json.JSONDecodeError as error:
                 raise HistoryError(f"not JSON: {error.msg}", line=line_number) from None
+            except RecursionError:
+                raise HistoryError("not JSON: nested too deeply", line=line_number) from None
             try:
                 op = Op.from_json(data)
             except ValueError as error:

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from xr_jepsen.generator import FINAL_PROCESS
-from xr_jepsen.history import Op, Operation, is_nemesis, pair, read_history
+from xr_jepsen.history import HistoryError, Op, Operation, is_nemesis, pair, read_history
 from xr_jepsen.resource import RESOURCE_PROCESS
 
-__all__ = ["render_report", "write_report"]
+__all__ = ["ReportError", "render_report", "write_report"]
 
 WIDTH_PX = 1200
 LABEL_PX = 90
@@ -37,6 +38,8 @@ ROLE_COLOURS = {
 }
 # Bars beyond this are left out of the picture (the history file has them all).
 BARS_MAX = 40_000
+# Time labels along the axis: one every 5 s, further apart when there would be more than this.
+TIME_LABELS_MAX = 1000
 ANOMALIES_SHOWN_MAX = 50
 
 _STYLE = """
@@ -54,6 +57,10 @@ pre { padding: 8px; overflow-x: auto; }
   margin-right: 4px; }
 svg text { font: 11px system-ui, sans-serif; }
 """
+
+
+class ReportError(ValueError):
+    """A run directory whose files cannot make a report: missing, unreadable or malformed."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,8 @@ def _nemesis_windows(ops: list[Op], end_ns: int) -> list[tuple[int, int, str]]:
         if not is_nemesis(op) or not isinstance(op.value, dict):
             continue
         phase, fault = op.value.get("phase"), str(op.value.get("fault"))
-        nodes = ",".join(op.value.get("nodes", []))
+        nodes = op.value.get("nodes")
+        nodes = ",".join(map(str, nodes)) if isinstance(nodes, list) else ""
         if phase == "start":
             open_faults.append((op.time_ns, f"{fault} {nodes}".strip()))
         elif phase == "heal" and open_faults:
@@ -153,7 +161,8 @@ def _timeline(
             f'fill="#d9534f" fill-opacity="0.12" stroke="#d9534f" stroke-width="2">'
             f"<title>failing window: ops {window[0]} to {window[1]}</title></rect>"
         )
-    for second in range(0, int(end_ns / 1e9) + 1, 5):
+    end_s = int(end_ns / 1e9)
+    for second in range(0, end_s + 1, 5 * max(1, math.ceil(end_s / 5 / TIME_LABELS_MAX))):
         x = scale.x(int(second * 1e9))
         parts.append(f'<text x="{x:.1f}" y="{height - 6}" fill="#555">{second} s</text>')
     parts.append("</svg>")
@@ -262,17 +271,96 @@ def render_report(
 """
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ReportError(f"no {path.name} (is it a run directory?)") from None
+    except OSError as error:
+        raise ReportError(f"cannot read {path.name}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{path.name} is not UTF-8 text") from None
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ReportError(f"{where}: not JSON: {error}") from None
+    except RecursionError:
+        raise ReportError(f"{where}: not JSON: nested too deeply") from None
+
+
+def _check_results(results: Any) -> None:
+    """Refuses a results.json without the shape `render_report` reads."""
+    if not isinstance(results, dict):
+        raise ReportError("results.json: not a JSON object")
+    for name, kind, what in (
+        ("check", dict, "an object"),
+        ("mechanism", dict, "an object"),
+        ("nemesis_events", list, "a list"),
+        ("test_faults", list, "a list"),
+    ):
+        if name in results and not isinstance(results[name], kind):
+            raise ReportError(f"results.json: {name} must be {what}")
+    check = results.get("check", {})
+    anomalies = check.get("anomalies", [])
+    if not isinstance(anomalies, list) or not all(isinstance(item, dict) for item in anomalies):
+        raise ReportError("results.json: check.anomalies must be a list of objects")
+    window = check.get("window")
+    if window is not None and not (
+        isinstance(window, list) and len(window) == 2 and all(_is_int(item) for item in window)
+    ):
+        raise ReportError("results.json: check.window must be null or two op indices")
+    if not all(isinstance(name, str) for name in results.get("test_faults", [])):
+        raise ReportError("results.json: test_faults must be a list of strings")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_statuses(path: Path) -> list[dict[str, Any]]:
+    statuses = []
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line:
+            continue
+        entry = _json(line, f"{path.name} line {number}")
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("node"), str)
+            and _is_int(entry.get("time_ns"))
+        ):
+            raise ReportError(f"{path.name} line {number}: not an object with node and time_ns")
+        statuses.append(entry)
+    return statuses
+
+
 def write_report(run_dir: Path) -> Path:
-    """Builds `run_dir/report.html` from the run's files; returns its path."""
-    results = json.loads((run_dir / "results.json").read_text())
-    ops = read_history(run_dir / "history.jsonl")
+    """Builds `run_dir/report.html` from the run's files; returns its path. Raises ReportError
+    for a file that is missing, unreadable or malformed, and OSError when the report cannot be
+    written."""
+    results = _json(_read_text(run_dir / "results.json"), "results.json")
+    _check_results(results)
+    try:
+        ops = read_history(run_dir / "history.jsonl")
+        pair(ops)
+    except FileNotFoundError:
+        raise ReportError("no history.jsonl (is it a run directory?)") from None
+    except OSError as error:
+        raise ReportError(f"cannot read history.jsonl: {error.strerror}") from None
+    except HistoryError as error:
+        raise ReportError(f"history.jsonl: {error}") from None
     statuses = []
     status_path = run_dir / "status.jsonl"
     if status_path.exists():
-        statuses = [json.loads(line) for line in status_path.read_text().splitlines() if line]
+        statuses = _read_statuses(status_path)
     from xr_jepsen.workloads import make_workload
 
-    workers = make_workload(str(results["workload"])).workers
+    try:
+        workers = make_workload(str(results.get("workload"))).workers
+    except ValueError as error:
+        raise ReportError(f"results.json: {error}") from None
     path = run_dir / "report.html"
     path.write_text(render_report(results, ops, statuses, workers=workers))
     return path

@@ -1,0 +1,266 @@
+"""`xr-jepsen` on bad input: a one-line error and exit code 2 (a usage error) or 1 (a failure),
+never a traceback, a hang, a run over an earlier run's files or a cluster started for nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+import xr_jepsen.runner
+from xr_jepsen.cli import cli
+from xr_jepsen.history import HistoryRecorder
+
+HISTORIES = Path(__file__).parent / "histories"
+OP = '{"index":0,"type":"invoke","f":"write","process":0,"value":1,"time_ns":0}\n'
+
+
+def _invoke(*arguments: str) -> Result:
+    return CliRunner().invoke(cli, list(arguments))
+
+
+def _refused(answer: Result, exit_code: int, *words: str) -> None:
+    assert answer.exit_code == exit_code, answer.output
+    assert isinstance(answer.exception, SystemExit), answer.exception
+    assert "Traceback" not in answer.output
+    error = [line for line in answer.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1, answer.output
+    for word in words:
+        assert word in error[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (b"root:x:0:0:root:/root:/bin/bash\n", ["line 1", "not JSON"]),
+        (b"\xff\xfe\n", ["line 1", "not UTF-8"]),
+        (OP + '{"index":1,"type":"ok","f":"wr', ["line 2", "not JSON"]),
+        (b"[1, 2]\n", ["line 1", "JSON object"]),
+        (OP.replace('"value":1,', ""), ["missing field 'value'"]),
+        (OP.replace('"process":0', '"process":"a"'), ["process must be an integer"]),
+        (OP.replace("invoke", "ok"), ["no outstanding invoke"]),
+        (OP.replace('"value":1', '"value":NaN'), ["NaN"]),
+        (OP.replace('"value":1', '"value":1e999'), ["too large"]),
+        (b"[" * 100_000 + b"\n", ["nested too deeply"]),
+        (
+            OP.replace('"write"', '"cas"').replace("1,", '"x",')
+            + OP.replace("invoke", "ok")
+            .replace('"index":0', '"index":1')
+            .replace('"write"', '"cas"'),
+            ["cas value"],
+        ),
+    ],
+)
+def test_check__a_bad_history_is_a_one_line_usage_error(
+    tmp_path: Path, text: str | bytes, words: list[str]
+) -> None:
+    history = tmp_path / "history.jsonl"
+    if isinstance(text, str):
+        history.write_text(text)
+    else:
+        history.write_bytes(text)
+    _refused(_invoke("check", str(history)), 2, "HISTORY", *words)
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    """A small run directory, as `xr-jepsen run` leaves it (less the nodes)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ticks = iter(range(0, 10**12, 10**8))
+    recorder = HistoryRecorder(clock=lambda: next(ticks), stream_path=run_dir / "history.jsonl")
+    write = recorder.invoke(0, "write", 1, key="register/k0")
+    recorder.nemesis({"phase": "start", "fault": "kill", "nodes": ["n1"]})
+    recorder.complete(write, "ok", 1)
+    recorder.close()
+    results = {
+        "workload": "register",
+        "nemesis": "kill",
+        "verdict": "valid",
+        "check": {"valid": True, "anomalies": [], "window": None},
+        "mechanism": {},
+        "nemesis_events": [],
+        "test_faults": [],
+    }
+    (run_dir / "results.json").write_text(json.dumps(results))
+    (run_dir / "status.jsonl").write_text('{"time_ns": 0, "node": "n0", "state": "leader"}\n')
+    return run_dir
+
+
+def test_report__rebuilds_the_report_of_a_good_run_directory(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    answer = _invoke("report", str(run_dir))
+    assert answer.exit_code == 0, answer.output
+    assert (run_dir / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def _results(**changes: Any) -> str:
+    results: dict[str, Any] = {"workload": "register", "check": {}}
+    results.update(changes)
+    return json.dumps(results)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [
+        ("results.json", None, ["no results.json"]),
+        ("results.json", "", ["results.json", "not JSON"]),
+        ("results.json", '{"workload": "regis', ["results.json", "not JSON"]),
+        ("results.json", b"\xff", ["results.json", "not UTF-8"]),
+        ("results.json", "[" * 100_000, ["results.json", "nested too deeply"]),
+        ("results.json", "[]", ["results.json", "not a JSON object"]),
+        ("results.json", _results(workload=None), ["unknown workload"]),
+        ("results.json", _results(workload="zzz"), ["unknown workload 'zzz'"]),
+        ("results.json", _results(check="x"), ["check must be an object"]),
+        ("results.json", _results(mechanism=5), ["mechanism must be an object"]),
+        ("results.json", _results(nemesis_events=5), ["nemesis_events must be a list"]),
+        ("results.json", _results(test_faults=[1]), ["test_faults"]),
+        ("results.json", _results(check={"anomalies": [1]}), ["check.anomalies"]),
+        ("results.json", _results(check={"window": [[1], 2]}), ["check.window"]),
+        ("history.jsonl", None, ["no history.jsonl"]),
+        ("history.jsonl", "zz\n", ["history.jsonl: line 1: not JSON"]),
+        ("history.jsonl", b"\xff\n", ["history.jsonl: line 1: not UTF-8"]),
+        ("history.jsonl", OP.replace("invoke", "ok"), ["history.jsonl", "no outstanding invoke"]),
+        ("status.jsonl", "zz\n", ["status.jsonl line 1", "not JSON"]),
+        ("status.jsonl", b"\xff\n", ["status.jsonl is not UTF-8"]),
+        ("status.jsonl", "[1]\n", ["status.jsonl line 1"]),
+        ("status.jsonl", '{"node": "n0"}\n', ["status.jsonl line 1"]),
+        ("status.jsonl", '{"node": 5, "time_ns": "x"}\n', ["status.jsonl line 1"]),
+        ("status.jsonl", '{"node": "n0", "time_ns": 1e300}\n', ["status.jsonl line 1"]),
+    ],
+)
+def test_report__a_missing_or_corrupt_file_is_a_one_line_usage_error(
+    tmp_path: Path, name: str, text: str | bytes | None, words: list[str]
+) -> None:
+    run_dir = _run_dir(tmp_path)
+    path = run_dir / name
+    path.unlink()
+    if isinstance(text, str):
+        path.write_text(text)
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    _refused(_invoke("report", str(run_dir)), 2, "RUN_DIR", *words)
+    assert not (run_dir / "report.html").exists()
+
+
+@pytest.mark.parametrize("name", ["results.json", "history.jsonl", "status.jsonl"])
+def test_report__a_directory_where_a_file_belongs_is_a_one_line_error(
+    tmp_path: Path, name: str
+) -> None:
+    run_dir = _run_dir(tmp_path)
+    (run_dir / name).unlink()
+    (run_dir / name).mkdir()
+    _refused(_invoke("report", str(run_dir)), 2, f"cannot read {name}: Is a directory")
+
+
+def test_report__an_unwritable_report_is_a_one_line_failure(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    (run_dir / "report.html").mkdir()
+    _refused(_invoke("report", str(run_dir)), 1, "cannot write", "report.html")
+
+
+def test_report__a_huge_time_has_a_bounded_number_of_axis_labels(tmp_path: Path) -> None:
+    # The time axis had a label every 5 s up to the last op's time: 2e20 labels (a hang) for
+    # 10**30 ns. 10**15 ns (200,000 labels before the fix) shows it without risking a hang.
+    run_dir = _run_dir(tmp_path)
+    lines = (run_dir / "history.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    last["time_ns"] = 10**15
+    (run_dir / "history.jsonl").write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
+    answer = _invoke("report", str(run_dir))
+    assert answer.exit_code == 0, answer.output
+    assert (run_dir / "report.html").read_text().count(" s</text>") <= 1001
+
+
+def test_report__nemesis_nodes_that_are_not_strings_are_drawn(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    history = (run_dir / "history.jsonl").read_text()
+    (run_dir / "history.jsonl").write_text(history.replace('"nodes":["n1"]', '"nodes":[1,2]'))
+    answer = _invoke("report", str(run_dir))
+    assert answer.exit_code == 0, answer.output
+    assert "kill 1,2" in (run_dir / "report.html").read_text()
+
+
+@pytest.fixture
+def no_runs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Replaces the runner: the commands here must refuse before a cluster starts."""
+    started: list[Any] = []
+
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        started.append(config)
+        raise AssertionError(f"a run started: {config}")
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    return started
+
+
+RUN = ("run", "--workload", "register", "--no-namespaces", "--nodes", "1", "--time", "1")
+
+
+def test_run__an_empty_dir_is_refused(no_runs: list[Any]) -> None:
+    _refused(_invoke(*RUN, "--dir", ""), 2, "--dir", "must not be empty")
+    assert not no_runs
+
+
+def test_run__a_dir_that_holds_an_earlier_run_is_refused(
+    tmp_path: Path, no_runs: list[Any]
+) -> None:
+    # A run there overwrote the earlier history and started its nodes on the earlier data.
+    run_dir = _run_dir(tmp_path)
+    before = (run_dir / "history.jsonl").read_bytes()
+    _refused(_invoke(*RUN, "--dir", str(run_dir)), 2, "--dir", "not empty")
+    assert (run_dir / "history.jsonl").read_bytes() == before
+    assert not no_runs
+
+
+def test_run__a_dir_under_a_file_is_refused(tmp_path: Path, no_runs: list[Any]) -> None:
+    (tmp_path / "file").write_text("")
+    _refused(_invoke(*RUN, "--dir", str(tmp_path / "file" / "run")), 2, "Not a directory")
+    assert not no_runs
+
+
+def test_run__a_cluster_that_does_not_start_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        raise RuntimeError("node n0 exited with 2:\nxr node run: unknown setting 'foo'")
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    answer = _invoke(*RUN, "--set", "foo=bar", "--dir", str(tmp_path / "run"))
+    assert answer.exit_code == 2, answer.output
+    assert isinstance(answer.exception, SystemExit)
+    assert "Traceback" not in answer.output
+    assert "the run failed: node n0 exited with 2" in answer.output
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--workloads", ""),
+        ("--workloads", "zzz"),
+        ("--workloads", "register,"),
+        ("--nemeses", "kill,,pause"),
+        ("--nemeses", "\udcff"),
+    ],
+)
+def test_matrix__unknown_names_are_refused_before_any_run(
+    tmp_path: Path, no_runs: list[Any], option: str, value: str
+) -> None:
+    answer = _invoke("matrix", option, value, "--time", "1", "--dir", str(tmp_path / "m"))
+    _refused(answer, 2, option, "is not one of")
+    assert not no_runs
+
+
+def test_matrix__a_dir_with_earlier_runs_is_refused_before_any_run(
+    tmp_path: Path, no_runs: list[Any]
+) -> None:
+    runs_dir = tmp_path / "m"
+    shutil.copytree(_run_dir(tmp_path), runs_dir / "register-kill")
+    answer = _invoke(
+        "matrix", "--workloads", "register", "--nemeses", "kill", "--dir", str(runs_dir)
+    )
+    _refused(answer, 2, "--dir", "not empty")
+    assert not no_runs
