@@ -921,7 +921,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write every figure to this file as JSON")
     arguments = parser.parse_args(argv)
-    if arguments.duration <= 0 or arguments.warmup < 0 or arguments.rounds < 1:
+    # Written so that NaN, which compares false with anything, is refused too.
+    if not (arguments.duration > 0 and arguments.warmup >= 0) or arguments.rounds < 1:
         parser.error("--duration must be positive, --warmup not negative, --rounds at least 1")
     if arguments.duration + arguments.warmup > CELL_S_MAX:
         parser.error(f"--warmup plus --duration must be at most {CELL_S_MAX:g} s")

@@ -72,6 +72,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     arguments = parser.parse_args()
+    if arguments.rounds < 1 or any(size < 1 for size in arguments.sizes):
+        parser.error("--rounds and every --sizes must be at least 1")
     rows: list[dict[str, object]] = []
     cases: list[tuple[str, int, bool]] = [(f"{size:,}", size, False) for size in arguments.sizes]
     cases.append(("10,000 broken", 10_000, True))

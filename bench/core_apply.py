@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     arguments = parser.parse_args()
+    if arguments.entries < 1 or arguments.rounds < 1:
+        parser.error("--entries and --rounds must be at least 1")
     rates = []
     for round_number in range(1, arguments.rounds + 1):
         rate, wall_rate = measure(arguments.entries)

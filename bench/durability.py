@@ -208,6 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=_concurrencies, default=[1, 16, 64])
     parser.add_argument("--json", type=Path, help="write every figure to this file as JSON")
     arguments = parser.parse_args(argv)
+    # Written so that NaN, which compares false with anything, is refused too.
+    if not (0 < arguments.duration <= api.CELL_S_MAX and 0 <= arguments.warmup <= api.CELL_S_MAX):
+        parser.error(
+            f"--duration must be over 0 and --warmup 0 or more, at most {api.CELL_S_MAX:g} s"
+        )
+    if arguments.rounds < 1:
+        parser.error("--rounds must be at least 1")
     with api._sigterm_as_exit():
         document = run(arguments)
     if arguments.json is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -140,8 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lease-ttl-s", type=float, default=5.0)
     parser.add_argument("--steps", type=int, default=2000, help="mlp_train steps per job")
     arguments = parser.parse_args(argv)
-    if arguments.trials < 1 or arguments.lease_ttl_s < 1:
-        parser.error("--trials must be at least 1 and --lease-ttl-s at least 1")
+    if arguments.trials < 1 or not 1 <= arguments.lease_ttl_s < math.inf or arguments.steps < 1:
+        parser.error("--trials, --steps and --lease-ttl-s (finite) must be at least 1")
     print(json.dumps(run(arguments)))
     return 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -182,8 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fft-n", type=int, default=4096)
     parser.add_argument("--dispatch-trials", type=int, default=5)
     arguments = parser.parse_args(argv)
-    if arguments.seconds <= 0 or arguments.dispatch_trials < 1:
-        parser.error("--seconds must be positive and --dispatch-trials at least 1")
+    if not 0 < arguments.seconds < math.inf or arguments.dispatch_trials < 1:
+        parser.error("--seconds must be positive and finite and --dispatch-trials at least 1")
+    if arguments.gemm_n < 1 or arguments.fft_n < 1:
+        parser.error("--gemm-n and --fft-n must be at least 1")
     print(json.dumps(run(arguments)))
     return 0
 

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -402,6 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # the health prober's process
     arguments = parser.parse_args(argv)
+    if not all(
+        0 < value < math.inf for value in (arguments.duration, arguments.capacity, arguments.factor)
+    ):
+        parser.error("--duration, --capacity and --factor must be positive and finite")
+    bound = arguments.requests_in_flight_max
+    if arguments.members < 1 or (bound is not None and bound < 1):
+        parser.error("--members and --requests-in-flight-max must be at least 1")
     if arguments.probe:
         print(json.dumps(_probe(arguments.probe.split(","))))
         return 0

@@ -392,8 +392,8 @@ def _positive(kind: type[float] | type[int]) -> Callable[[str], Any]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be above 0: {text}")
+        if not 0 < value < math.inf:
+            raise argparse.ArgumentTypeError(f"must be above 0 and finite: {text}")
         return value
 
     return parse
@@ -443,8 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         arguments.durability != "fsync" or arguments.sync_stand_in is not None
     ):
         parser.error("--disk-latency needs --durability fsync and no --sync-stand-in")
-    if arguments.warmup < 0:
-        parser.error("--warmup must be 0 or more")
+    if not 0 <= arguments.warmup < math.inf:
+        parser.error("--warmup must be 0 or more, and finite")
     if arguments.sync_stand_in is not None and arguments.durability != "fsync":
         parser.error("--sync-stand-in needs --durability fsync (write mode has no sync)")
     with api._sigterm_as_exit():

@@ -40,6 +40,7 @@ import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -420,8 +421,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="SIGSTOP the cluster not being measured (default: on)",
     )
     arguments = parser.parse_args(argv)
-    if arguments.failover_trials < 1 or arguments.rounds < 1 or arguments.duration_s <= 0:
-        parser.error("--failover-trials and --rounds must be at least 1, --duration-s positive")
+    if (
+        arguments.failover_trials < 1
+        or arguments.rounds < 1
+        or not 0 < arguments.duration_s < math.inf
+        or any(concurrency < 1 for concurrency in arguments.concurrencies)
+    ):
+        parser.error(
+            "--failover-trials, --rounds and each of --concurrencies must be at least 1, "
+            "--duration-s positive and finite"
+        )
     if arguments.quick:
         arguments.rounds, arguments.duration_s, arguments.failover_trials = 1, 1.5, 3
     summary = asyncio.run(run(arguments))

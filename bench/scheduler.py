@@ -506,6 +506,13 @@ def main() -> None:
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--pass-rounds", type=int, default=None)
     arguments = parser.parse_args()
+    if any(value is not None and value < 1 for value in (arguments.jobs, arguments.pass_rounds)):
+        parser.error("--jobs and --pass-rounds must be at least 1")
+    # Written so that NaN, which compares false with anything, is refused too.
+    if not (arguments.hours is None or 0 < arguments.hours < math.inf) or not (
+        0 < arguments.load < math.inf
+    ):
+        parser.error("--hours and --load must be positive and finite")
     jobs = arguments.jobs or (80 if arguments.quick else 1000)
     hours = arguments.hours or (12.0 if arguments.quick else 168.0)
     rounds = arguments.pass_rounds or (3 if arguments.quick else 10)
