@@ -8,16 +8,23 @@ stored history, rebuild a report, or run the whole matrix.
 
 Exit codes: 0 valid, 1 a checker found an anomaly, 2 a usage error or a run that cannot be made
 here (a partition nemesis without network namespaces), 3 unknown (the linearizability search ran
-out of time) or not live (the final operations did not succeed after the heal).
+out of time) or not live (the final operations did not succeed after the heal); 130 on Ctrl-C.
+The matrix: 1 if any run is invalid, else 2 if any run failed with an error, else 143 if SIGTERM
+stopped it, else 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,12 +32,17 @@ from node.cli_common import FiniteFloatRange
 from xr_jepsen.nemesis import NEMESES
 from xr_jepsen.workloads import WORKLOADS
 
+if TYPE_CHECKING:
+    from xr_jepsen.runner import RunConfig
+
 __all__ = ["cli", "main"]
 
 EXIT_VALID = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
+# 128 + SIGTERM, as a shell reports a process that signal ended.
+EXIT_SIGTERM = 143
 DEFAULT_RUNS_DIR = Path("jepsen-runs")
 # f names that tell which workload wrote a history.
 _WORKLOAD_OF_F = {
@@ -51,6 +63,18 @@ def _say(line: str) -> None:
     click.echo(line, err=True)
 
 
+def _dir_option(name: str, help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--dir`: a directory for a run's or a matrix's files, checked not to be empty text."""
+    return click.option(
+        "--dir",
+        name,
+        type=click.Path(file_okay=False),
+        callback=lambda _ctx, _param, value: _non_empty_path(value, "--dir"),
+        default=None,
+        help=help_text,
+    )
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def cli() -> None:
     """jepsen-lite for xr: real node processes, real faults, checked histories."""
@@ -62,14 +86,7 @@ def cli() -> None:
 @click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True)
 @click.option("--time", "time_s", type=FiniteFloatRange(1, 3600), default=30, show_default=True)
 @click.option("--seed", type=int, default=None, help="default: drawn, and printed")
-@click.option(
-    "--dir",
-    "run_dir",
-    type=click.Path(file_okay=False),
-    callback=lambda _ctx, _param, value: _non_empty_path(value, "--dir"),
-    default=None,
-    help="a new or empty directory",
-)
+@_dir_option("run_dir", "a new or empty directory")
 @click.option(
     "--no-namespaces",
     is_flag=True,
@@ -122,6 +139,11 @@ def run(
     except RuntimeError as error:
         # The cluster did not start (a bad --set, say): the run could not be made.
         _say(f"xr-jepsen: the run failed: {error}")
+        sys.exit(EXIT_USAGE)
+    except Exception as error:
+        # A fault of the harness itself: one line here, the traceback in the run's directory;
+        # not exit 1, which says the history holds an anomaly.
+        _say(f"xr-jepsen: the run failed: {_record_error(run_dir, error)}")
         sys.exit(EXIT_USAGE)
     click.echo(json.dumps({k: results[k] for k in ("verdict", "ops", "anomalies", "command")}))
     sys.exit(_exit_code(str(results["verdict"])))
@@ -187,13 +209,7 @@ def report(run_dir: Path) -> None:
 @click.option("--nodes", type=click.IntRange(1, 9), default=5, show_default=True)
 @click.option("--time", "time_s", type=FiniteFloatRange(1, 3600), default=60, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
-@click.option(
-    "--dir",
-    "runs_dir",
-    type=click.Path(file_okay=False),
-    callback=lambda _ctx, _param, value: _non_empty_path(value, "--dir"),
-    default=None,
-)
+@_dir_option("runs_dir", "a new or empty directory for the runs and matrix.json")
 def matrix(
     workloads: list[str],
     nemeses: list[str],
@@ -203,48 +219,137 @@ def matrix(
     runs_dir: Path | None,
 ) -> None:
     """Every workload under every nemesis; prints a table of runs, operations, anomalies and
-    verdicts. Exits 1 if any run is invalid."""
-    from xr_jepsen.runner import RunConfig, RunRefused
-    from xr_jepsen.runner import run as run_one
+    verdicts, and rewrites DIR/matrix.json after every run. Exits 1 if any run is invalid, else 2
+    if any run failed with an error (its error.txt says why), else 143 if SIGTERM stopped it,
+    else 0."""
+    from xr_jepsen.runner import RunConfig
 
     runs_dir = runs_dir or DEFAULT_RUNS_DIR / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}"
     if (runs_dir / "matrix.json").exists():
         raise click.BadParameter(f"{runs_dir} already holds a matrix", param_hint="--dir")
-    for workload in workloads:
-        for nemesis in nemeses:
-            _make_run_dir(runs_dir / f"{workload}-{nemesis}")
+    cells = [(workload, nemesis) for workload in workloads for nemesis in nemeses]
+    for workload, nemesis in cells:
+        _make_run_dir(runs_dir / f"{workload}-{nemesis}")
     rows: list[dict[str, Any]] = []
-    for workload in workloads:
-        for nemesis in nemeses:
-            config = RunConfig(
-                workload=workload,
-                nemesis=nemesis,
-                nodes=nodes,
-                time_s=time_s,
-                seed=seed,
-                run_dir=runs_dir / f"{workload}-{nemesis}",
-            )
-            started_s = time.monotonic()
-            try:
-                results = run_one(config, progress=_say)
-                row = {
-                    "run": f"{workload}/{nemesis}",
-                    "ops": results["ops"]["total"],
-                    "info": results["ops"]["info"],
-                    "anomalies": results["anomalies"],
-                    "verdict": results["verdict"],
-                }
-            except RunRefused as error:
-                row = {"run": f"{workload}/{nemesis}", "verdict": _first_line("refused", error)}
-            except RuntimeError as error:
-                row = {"run": f"{workload}/{nemesis}", "verdict": _first_line("error", error)}
-            row["seconds"] = round(time.monotonic() - started_s)
-            rows.append(row)
-            _say(f"{row}")
+    # Written before the first run too: it marks the directory as a matrix's.
+    _write_matrix(runs_dir, rows, cells=len(cells))
+    for number, (workload, nemesis) in enumerate(cells, start=1):
+        _say(f"matrix: run {number} of {len(cells)}: {workload}/{nemesis}")
+        config = RunConfig(
+            workload=workload,
+            nemesis=nemesis,
+            nodes=nodes,
+            time_s=time_s,
+            seed=seed,
+            run_dir=runs_dir / f"{workload}-{nemesis}",
+        )
+        try:
+            row = _matrix_row(config)
+        except KeyboardInterrupt:
+            # Ctrl-C ends the matrix (main exits 130); the finished rows stay in matrix.json.
+            _write_matrix(runs_dir, rows, cells=len(cells), stopped_by="Ctrl-C")
+            raise
+        rows.append(row)
+        _say(f"matrix: run {number} of {len(cells)}: {row}")
+        _write_matrix(runs_dir, rows, cells=len(cells), stopped_by=row.get("stopped_by"))
+        if row.get("stopped_by"):
+            _say(f"matrix: stopped by {row['stopped_by']} after {number} of {len(cells)} runs")
+            break
     click.echo(_table(rows))
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    (runs_dir / "matrix.json").write_text(json.dumps(rows, indent=2) + "\n")
-    sys.exit(EXIT_INVALID if any(row["verdict"] == "invalid" for row in rows) else EXIT_VALID)
+    for row in rows:
+        if "error" in row:
+            click.echo(f"{row['run']}: {row['verdict']}: {row['error']}")
+    click.echo(f"matrix: {runs_dir / 'matrix.json'}")
+    sys.exit(_matrix_exit_code(rows))
+
+
+def _matrix_row(config: RunConfig) -> dict[str, Any]:
+    """Runs one cell of the matrix and returns its row. Any exception from the run becomes the
+    row's error (with its traceback in the run's error.txt), so the cells after it still run;
+    KeyboardInterrupt is no Exception and ends the matrix."""
+    from xr_jepsen.runner import RunRefused
+    from xr_jepsen.runner import run as run_one
+
+    name = f"{config.workload}/{config.nemesis}"
+    started_s = time.monotonic()
+    try:
+        results = run_one(config, progress=_say)
+        row = {
+            "run": name,
+            "ops": results["ops"]["total"],
+            "info": results["ops"]["info"],
+            "anomalies": results["anomalies"],
+            "verdict": results["verdict"],
+        }
+        if results.get("stopped_by"):
+            row["stopped_by"] = results["stopped_by"]
+    except RunRefused as error:
+        row = {"run": name, "verdict": "refused", "error": _first_line(error)}
+    except Exception as error:
+        row = {"run": name, "verdict": "error", "error": _record_error(config.run_dir, error)}
+    row["seconds"] = round(time.monotonic() - started_s)
+    return row
+
+
+def _record_error(run_dir: Path, error: Exception) -> str:
+    """Writes the traceback of a run's unexpected error to run_dir/error.txt; returns one line
+    that names the error and that file."""
+    line = f"{type(error).__name__}: {_first_line(error)}"
+    try:
+        (run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
+    except OSError:
+        return line
+    return f"{line} (traceback in {run_dir / 'error.txt'})"
+
+
+def _matrix_exit_code(rows: list[dict[str, Any]]) -> int:
+    # An anomaly is the news that matters most; an error means a cell has no verdict at all,
+    # which must not pass as a clean matrix; unknown, not live and refused rows leave it 0.
+    verdicts = {row["verdict"] for row in rows}
+    if "invalid" in verdicts:
+        return EXIT_INVALID
+    if "error" in verdicts:
+        return EXIT_USAGE
+    if any(row.get("stopped_by") == "SIGTERM" for row in rows):
+        return EXIT_SIGTERM
+    return EXIT_VALID
+
+
+def _write_matrix(
+    runs_dir: Path, rows: list[dict[str, Any]], *, cells: int, stopped_by: str | None = None
+) -> None:
+    """Replaces matrix.json atomically (a new file, then os.replace), so that a matrix stopped at
+    any moment leaves the table of every finished run, never a half-written file."""
+    document = {
+        "complete": len(rows) == cells and stopped_by is None,
+        "cells": cells,
+        "stopped_by": stopped_by,
+        "rows": rows,
+    }
+    path = runs_dir / "matrix.json"
+    try:
+        _replace_file(path, json.dumps(document, indent=2, default=str) + "\n")
+    except OSError as error:
+        raise _CannotWrite(f"cannot write {path}: {error.strerror}") from None
+
+
+class _CannotWrite(click.ClickException):
+    # Not 1, which says an anomaly was found: the matrix cannot be made here.
+    exit_code = EXIT_USAGE
+
+
+def _replace_file(path: Path, text: str) -> None:
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _non_empty_path(value: str | None, option: str) -> Path | None:
@@ -290,8 +395,8 @@ def _settings(pairs: tuple[str, ...]) -> dict[str, str]:
     return settings
 
 
-def _first_line(what: str, error: Exception) -> str:
-    return f"{what}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"[:80]
+def _first_line(error: Exception) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0][:500]
 
 
 def _table(rows: list[dict[str, Any]]) -> str:

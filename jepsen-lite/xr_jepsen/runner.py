@@ -137,6 +137,8 @@ class _Run:
     # The client the resource validates job tokens with.
     validator: AsyncClient | None = None
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # "SIGTERM" when a signal, not the deadline, ended the workload.
+    stopped_by: str | None = None
     statuses: list[dict[str, Any]] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     active_fault: str = "none"
@@ -460,6 +462,8 @@ async def _drive(
     results["test_faults"] = sorted(
         {name for entry in state.statuses for name in entry.get("test_faults", [])}
     )
+    # A matrix stops after a run that SIGTERM shortened rather than going on to the next.
+    results["stopped_by"] = state.stopped_by
     (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     from xr_jepsen.report import write_report
 
@@ -473,8 +477,12 @@ async def _drive(
 
 def _stop_on_signals(loop: asyncio.AbstractEventLoop, state: _Run) -> None:
     # SIGTERM ends the workload early, as the deadline would: heal, final reads, cleanup.
+    def stop() -> None:
+        state.stopped_by = "SIGTERM"
+        state.stopping.set()
+
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGTERM, state.stopping.set)
+        loop.add_signal_handler(signal.SIGTERM, stop)
 
 
 def _write_lines(path: Path, entries: list[dict[str, Any]]) -> None:

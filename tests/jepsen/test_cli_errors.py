@@ -3,16 +3,20 @@ never a traceback, a hang, a run over an earlier run's files or a cluster starte
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner, Result
 
 import xr_jepsen.runner
-from xr_jepsen.cli import cli
+from xr_jepsen.cli import cli, main
 from xr_jepsen.history import HistoryRecorder
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -236,6 +240,22 @@ def test_run__a_cluster_that_does_not_start_is_a_one_line_error(
     assert "the run failed: node n0 exited with 2" in answer.output
 
 
+def test_run__an_unexpected_error_is_one_line_with_its_traceback_in_the_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It was a traceback and exit 1, which says the history holds an anomaly.
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        raise KeyError("ops")
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    answer = _invoke(*RUN, "--dir", str(tmp_path / "run"))
+    assert answer.exit_code == 2, answer.output
+    assert isinstance(answer.exception, SystemExit)
+    assert "Traceback" not in answer.output
+    assert "the run failed: KeyError: 'ops' (traceback in " in answer.output
+    assert (tmp_path / "run" / "error.txt").read_text().startswith("Traceback")
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [
@@ -264,3 +284,137 @@ def test_matrix__a_dir_with_earlier_runs_is_refused_before_any_run(
     )
     _refused(answer, 2, "--dir", "not empty")
     assert not no_runs
+
+
+def _run_results(verdict: str = "valid", **changes: Any) -> dict[str, Any]:
+    return {"ops": {"total": 10, "info": 0}, "anomalies": 0, "verdict": verdict, **changes}
+
+
+MATRIX = ("matrix", "--workloads", "register,set", "--nemeses", "kill,pause", "--time", "1")
+
+
+def _matrix(runs_dir: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((runs_dir / "matrix.json").read_text())
+    return document
+
+
+def test_matrix__writes_matrix_json_after_every_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A matrix takes tens of minutes and wrote matrix.json only at its end.
+    runs_dir = tmp_path / "m"
+    seen: list[dict[str, Any]] = []
+
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        seen.append(_matrix(runs_dir))
+        return _run_results()
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    answer = _invoke(*MATRIX, "--dir", str(runs_dir))
+    assert answer.exit_code == 0, answer.output
+    assert [len(document["rows"]) for document in seen] == [0, 1, 2, 3]
+    assert not any(document["complete"] for document in seen)
+    final = _matrix(runs_dir)
+    assert final["complete"] is True
+    assert [row["run"] for row in final["rows"]] == [
+        "register/kill",
+        "register/pause",
+        "set/kill",
+        "set/pause",
+    ]
+    assert "run 4 of 4" in answer.output
+    assert not [path for path in runs_dir.iterdir() if path.name.startswith(".")]
+
+
+def test_matrix__an_unexpected_error_in_one_run_is_its_row_and_the_matrix_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only RuntimeError became a row: any other exception was a traceback that ended the matrix.
+    runs_dir = tmp_path / "m"
+
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        if (config.workload, config.nemesis) == ("register", "pause"):
+            raise KeyError("ops")
+        return _run_results()
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    answer = _invoke(*MATRIX, "--dir", str(runs_dir))
+    assert answer.exit_code == 2, answer.output
+    assert isinstance(answer.exception, SystemExit)
+    assert "Traceback" not in answer.output
+    rows = _matrix(runs_dir)["rows"]
+    assert [row["verdict"] for row in rows] == ["valid", "error", "valid", "valid"]
+    assert rows[1]["error"].startswith("KeyError: 'ops' (traceback in ")
+    assert "register/pause: error: KeyError: 'ops'" in answer.output
+    error = (runs_dir / "register-pause" / "error.txt").read_text()
+    assert error.startswith("Traceback") and "KeyError: 'ops'" in error
+    assert _matrix(runs_dir)["complete"] is True
+
+
+def test_matrix__an_invalid_run_outranks_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        if config.nemesis == "pause":
+            raise RuntimeError("node n0 exited with 2:\nmore")
+        return _run_results("invalid" if config.workload == "set" else "valid")
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    answer = _invoke(*MATRIX, "--dir", str(tmp_path / "m"))
+    assert answer.exit_code == 1, answer.output
+    assert "register/pause: error: RuntimeError: node n0 exited with 2" in answer.output
+
+
+def test_matrix__ctrl_c_stops_it_and_keeps_the_finished_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs_dir = tmp_path / "m"
+    started: list[str] = []
+
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        started.append(f"{config.workload}/{config.nemesis}")
+        if len(started) == 3:
+            raise KeyboardInterrupt
+        return _run_results()
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    assert main([*MATRIX, "--dir", str(runs_dir)]) == 130
+    assert started == ["register/kill", "register/pause", "set/kill"]
+    document = _matrix(runs_dir)
+    assert [row["run"] for row in document["rows"]] == ["register/kill", "register/pause"]
+    assert document["complete"] is False
+    assert document["stopped_by"] == "Ctrl-C"
+
+
+def test_matrix__a_run_that_sigterm_shortened_ends_the_matrix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SIGTERM ends the run it lands in early; the matrix went on to the next run.
+    runs_dir = tmp_path / "m"
+    started: list[str] = []
+
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        started.append(config.nemesis)
+        return _run_results(stopped_by="SIGTERM")
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    answer = _invoke(*MATRIX, "--dir", str(runs_dir))
+    assert answer.exit_code == 143, answer.output
+    assert started == ["kill"]
+    document = _matrix(runs_dir)
+    assert document["complete"] is False
+    assert document["stopped_by"] == "SIGTERM"
+    assert document["rows"][0]["stopped_by"] == "SIGTERM"
+
+
+def test_run__sigterm_is_recorded_as_what_stopped_the_run() -> None:
+    # The matrix reads it from the results to stop after the run that SIGTERM shortened.
+    state = SimpleNamespace(stopping=asyncio.Event(), stopped_by=None)
+
+    async def signalled() -> None:
+        xr_jepsen.runner._stop_on_signals(asyncio.get_running_loop(), cast(Any, state))
+        os.kill(os.getpid(), signal.SIGTERM)
+        await state.stopping.wait()
+
+    asyncio.run(signalled())
+    assert state.stopped_by == "SIGTERM"
