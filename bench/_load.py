@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,6 +36,15 @@ from typing import Any, Protocol
 
 import aiohttp
 import msgspec
+
+if __name__ == "__main__":
+    # Run as a script, a module does nothing or fails on an import: say whose it is.
+    print(
+        f"{__file__} is the load generator of bench/api.py, http_server.py, durability.py and "
+        "raft_messages.py, not a script: run one of those",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
 
 from raftstore.member import latency_summary
 

@@ -29,7 +29,14 @@ from typing import Any
 import msgspec
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
-from raftstore.member import HOST, latency_summary, read_frame, write_frame
+# Run as a file rather than with -m, its own folder would come first on the path and
+# bench/raftstore.py shadow the package, so the repository root takes its place.
+_BENCH_DIRECTORY = Path(__file__).resolve().parent
+sys.path[:] = [str(_BENCH_DIRECTORY.parent)] + [
+    entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH_DIRECTORY
+]
+
+from raftstore.member import HOST, latency_summary, read_frame, write_frame  # noqa: E402
 
 # How long after its window a load may take to collect the answers still in flight.
 DRAIN_TIMEOUT_S = 30.0

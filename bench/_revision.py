@@ -14,6 +14,15 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+if __name__ == "__main__":
+    # Run as a script, a module does nothing or fails on an import: say whose it is.
+    print(
+        f"{__file__} is a module of bench/audit_log.py, scheduler_pass.py and raft_messages.py, "
+        "not a script: run one of those",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
+
 __all__ = ["ROOT", "module_at"]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -65,6 +65,7 @@ from typing import Any, Protocol  # noqa: E402
 import aiohttp  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from bench._arguments import check_output_path  # noqa: E402
 from bench._load import (  # noqa: E402
     CellResult,
     Operation,
@@ -928,6 +929,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--warmup plus --duration must be at most {CELL_S_MAX:g} s")
     if any(concurrency < 1 for concurrency in arguments.concurrency):
         parser.error("every --concurrency must be at least 1")
+    check_output_path(parser, "--json", arguments.json)
     started_s = time.monotonic()
     try:
         with _sigterm_as_exit():

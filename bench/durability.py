@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
 from bench import api  # noqa: E402
+from bench._arguments import check_output_path  # noqa: E402
 from bench._load import CellResult  # noqa: E402
 from node.localcluster import LocalCluster  # noqa: E402
 
@@ -215,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if arguments.rounds < 1:
         parser.error("--rounds must be at least 1")
+    check_output_path(parser, "--json", arguments.json)
     with api._sigterm_as_exit():
         document = run(arguments)
     if arguments.json is not None:

@@ -39,6 +39,7 @@ from typing import Any  # noqa: E402
 import msgspec  # noqa: E402
 import uvloop  # noqa: E402
 
+from bench._arguments import check_output_path  # noqa: E402
 from bench._load import Worker, run_cell  # noqa: E402
 
 SERVERS = ("aiohttp", "bare")
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
+    check_output_path(parser, "--json", arguments.json)
     if arguments.serve is not None:
         uvloop.run(_serve_aiohttp() if arguments.serve == "aiohttp" else _serve_bare())
         return

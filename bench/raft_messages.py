@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
 from bench import api  # noqa: E402
+from bench._arguments import check_output_path  # noqa: E402
 from bench._load import CellResult, run_cell  # noqa: E402
 from bench._revision import ROOT  # noqa: E402
 from bench.durability import MODES, XrDurabilitySystem, _concurrencies  # noqa: E402
@@ -447,6 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--warmup must be 0 or more, and finite")
     if arguments.sync_stand_in is not None and arguments.durability != "fsync":
         parser.error("--sync-stand-in needs --durability fsync (write mode has no sync)")
+    check_output_path(parser, "--json", arguments.json)
     with api._sigterm_as_exit():
         document = run(arguments)
     if arguments.json is not None:

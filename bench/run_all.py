@@ -22,6 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._arguments import check_output_path
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "summary.md"
 
@@ -225,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = chosen - {benchmark.name for benchmark in BENCHMARKS}
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+    check_output_path(parser, "--out", arguments.out, make_parents=True)
     started_s = time.monotonic()
     outcomes = [run_one(item) for item in BENCHMARKS if not chosen or item.name in chosen]
     text = summary(outcomes, time.monotonic() - started_s)

@@ -49,6 +49,7 @@ import time  # noqa: E402
 from collections.abc import Iterable  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
+from bench._arguments import check_output_path  # noqa: E402
 from bench.scheduler_sim import (  # noqa: E402
     Policy,
     Result,
@@ -513,6 +514,8 @@ def main() -> None:
         0 < arguments.load < math.inf
     ):
         parser.error("--hours and --load must be positive and finite")
+    if not arguments.no_plot and arguments.seeds is None:
+        check_output_path(parser, "--plot", arguments.plot, make_parents=True)
     jobs = arguments.jobs or (80 if arguments.quick else 1000)
     hours = arguments.hours or (12.0 if arguments.quick else 168.0)
     rounds = arguments.pass_rounds or (3 if arguments.quick else 10)

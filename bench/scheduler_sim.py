@@ -32,10 +32,20 @@ trace, policy and seed give the same result.
 from __future__ import annotations
 
 import heapq
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import cast
+
+if __name__ == "__main__":
+    # Run as a script, a module does nothing or fails on an import: say whose it is.
+    print(
+        f"{__file__} is a module of bench/scheduler.py, not a script: run "
+        "python bench/scheduler.py",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
 
 from bench.scheduler_trace import MINUTE_MS, Trace, TraceJob
 from xrcore.devices import DeviceLedger, Grant

@@ -53,8 +53,18 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+if __name__ == "__main__":
+    # Run as a script, a module does nothing or fails on an import: say whose it is.
+    print(
+        f"{__file__} is a module of bench/scheduler.py, not a script: run "
+        "python bench/scheduler.py",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
 
 from xrcore.scheduler import GpuInfo, RegionInfo, TenantInfo
 

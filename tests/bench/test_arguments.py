@@ -1,11 +1,18 @@
 """The benchmark scripts refuse bad arguments with a usage error (exit 2, no traceback) before
-any work starts: NaN passed the old `value <= 0` checks, and some values had no check at all."""
+any work starts: NaN passed the old `value <= 0` checks, some values had no check at all, and an
+unwritable output path was found only when the run ended. The modules of bench/ that are not
+scripts say so when run."""
 
 from __future__ import annotations
 
+import argparse
+import os
+from pathlib import Path
+
 import pytest
 
-from tests.bench._script import run_script
+from bench._arguments import check_output_path
+from tests.bench._script import ROOT, run_script
 
 
 @pytest.mark.parametrize(
@@ -45,3 +52,63 @@ def test_a_bad_argument_is_a_usage_error_before_any_work(script: str, arguments:
     assert "Traceback" not in answer.stderr
     assert "error:" in answer.stderr.splitlines()[-1]
     assert answer.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("script", "option", "where", "words"),
+    [
+        ("api.py", "--json", "missing/api.json", "does not exist"),
+        ("api.py", "--json", ".", "is a directory"),
+        ("durability.py", "--json", "missing/durability.json", "does not exist"),
+        ("http_server.py", "--json", ".", "is a directory"),
+        ("raft_messages.py", "--json", "file/raft_messages.json", "is not a directory"),
+        ("run_all.py", "--out", "file/summary.md", "is not a directory"),
+        ("run_all.py", "--out", ".", "is a directory"),
+        ("scheduler.py", "--plot", "file/a/scheduler.png", "is not a directory"),
+    ],
+)
+def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_any_work(
+    tmp_path: Path, script: str, option: str, where: str, words: str
+) -> None:
+    # The output was written only when the run ended, minutes later: its figures were lost.
+    (tmp_path / "file").write_text("")
+    answer = run_script(script, option, str(tmp_path / where))
+    assert answer.returncode == 2, answer.stdout + answer.stderr
+    assert "Traceback" not in answer.stderr
+    last = answer.stderr.splitlines()[-1]
+    assert "error:" in last and option in last and words in last
+    assert answer.stdout == ""
+
+
+def test_an_output_path_in_an_unwritable_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tests run as root, who may write anywhere, so the directory's mode would not show it:
+    # os.access answers as it would for another user.
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    real_access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode)
+    )
+    parser = argparse.ArgumentParser(prog="api.py")
+    with pytest.raises(SystemExit) as exit_info:
+        check_output_path(parser, "--json", locked / "api.json")
+    assert exit_info.value.code == 2
+    check_output_path(parser, "--json", tmp_path / "api.json")
+
+
+@pytest.mark.parametrize(
+    "name", sorted(path.name for path in (ROOT / "bench").glob("*.py") if path.stem != "__init__")
+)
+def test_every_file_in_bench_answers_help_or_says_which_script_it_belongs_to(name: str) -> None:
+    # The library modules (scheduler_sim.py, _load.py) failed with ModuleNotFoundError.
+    answer = run_script(name, "--help")
+    assert "Traceback" not in answer.stderr, answer.stderr
+    if answer.returncode == 0:
+        assert answer.stdout.startswith("usage:"), answer.stdout
+    else:
+        assert answer.returncode == 2, answer.stderr
+        assert answer.stdout == ""
+        [line] = answer.stderr.splitlines()
+        assert f"bench/{name} is " in line and "not a script: run " in line
