@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import math
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 from urllib.parse import quote
 
+import msgspec
+
+from xrcore._validate import (
+    INT_MAX,
+    check_bytes,
+    check_name,
+    check_page_limit,
+    check_range,
+    check_text,
+)
 from xrcore.client._models import (
     ClusterStatus,
     DeleteResult,
@@ -38,14 +47,32 @@ from xrcore.client._models import (
     key_value,
     watch_event,
 )
-from xrcore.client._transport import Transport
+from xrcore.client._transport import (
+    NotUtf8,
+    Transport,
+    check_body,
+    check_number,
+    check_seconds,
+    check_utf8,
+)
+from xrcore.commands import JobSpec, TenantSet
 from xrcore.errors import (
     ClusterUnavailable,
+    InvalidArgument,
     LeaderChanged,
     NotFound,
     Timeout,
     UnknownOutcome,
     XrError,
+)
+from xrcore.kv import REVISION_MAX
+from xrcore.limits import (
+    ARRAY_SIZE_MAX,
+    KEY_BYTES_MAX,
+    MESSAGE_BYTES_MAX,
+    SESSION_TTL_MAX_MS,
+    SESSION_TTL_MIN_MS,
+    VALUE_BYTES_MAX,
 )
 
 __all__ = [
@@ -68,11 +95,61 @@ POLL_S = 20.0
 PAGE_LIMIT = 100
 
 
-def _segment(name: str) -> str:
-    """One path segment, percent-encoded (slashes too)."""
-    if not name:
-        raise ValueError("a name in a path must not be empty")
-    return quote(name, safe="")
+# Job ids in the path and in `jobs.list(after=...)` are at most this long (node/api/jobs.py).
+_JOB_ID_BYTES_MAX = 64
+_CONSISTENCIES = ("linearizable", "stale")
+
+
+# Arguments are checked before anything is sent, with the rules the cluster applies (the same
+# `xrcore` checks): a wrong type raises TypeError, a value the cluster would refuse raises the
+# `InvalidArgument` or `PayloadTooLarge` it would answer, a lone surrogate `NotUtf8` (a
+# UnicodeEncodeError), naming the argument each time.
+
+
+def check_str(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a str, got {type(value).__name__} {value!r:.80}")
+    check_utf8(field, value)
+    return value
+
+
+def check_int(field: str, value: object, low: int, high: int = INT_MAX) -> int:
+    # bool is an int to Python, but True is not a count.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{field} must be an int, got {type(value).__name__} {value!r:.80}")
+    check_range(field, value, low, high)
+    return value
+
+
+def check_name_argument(field: str, value: object) -> str:
+    """A session id, job id, region or tenant: a name as `xrcore._validate.check_name` has it."""
+    check_name(field, check_str(field, value))
+    return value  # type: ignore[return-value]
+
+
+def check_key_argument(field: str, value: object) -> str:
+    """A key or a lock name: 1 to KEY_BYTES_MAX bytes of UTF-8."""
+    check_bytes(field, check_str(field, value), KEY_BYTES_MAX)
+    return value  # type: ignore[return-value]
+
+
+def check_ttl_s(ttl_s: object) -> float:
+    """A session's TTL: a number of seconds the cluster accepts (1 s to 1 h)."""
+    seconds = check_seconds("ttl_s", ttl_s)
+    check_range("ttl_s", seconds, SESSION_TTL_MIN_MS / 1000, SESSION_TTL_MAX_MS / 1000)
+    return seconds
+
+
+def check_wait_s(wait_s: object) -> float:
+    seconds = check_seconds("wait_s", wait_s)
+    if seconds < 0:
+        raise ValueError(f"wait_s must be a number of seconds, 0 or more, got {seconds}")
+    return seconds
+
+
+def _segment(field: str, name: object) -> str:
+    """A name (session id, region, tenant) as one path segment, percent-encoded."""
+    return quote(check_name_argument(field, name), safe="")
 
 
 class _OutageAllowance:
@@ -129,14 +206,24 @@ class AsyncKv:
         """Writes `key`. `expected_mod_revision` makes it a compare-and-set (`CompareFailed`
         when the key's mod revision differs; 0: the key must not exist). A key written with
         `session_id` is deleted when that session ends."""
-        body: dict[str, Any] = (
-            {"value": value} if isinstance(value, str) else {"value_base64": _base64(value)}
-        )
+        path = _key_path(key)
+        body: dict[str, Any]
+        if isinstance(value, str):
+            check_utf8("value", value)
+            check_bytes("value", value, VALUE_BYTES_MAX, empty=True)
+            body = {"value": value}
+        elif isinstance(value, bytes | bytearray | memoryview):
+            check_bytes("value", bytes(value), VALUE_BYTES_MAX, empty=True)
+            body = {"value_base64": _base64(bytes(value))}
+        else:
+            raise TypeError(f"value must be bytes or a str, got {type(value).__name__}")
         if expected_mod_revision is not None:
-            body["expected_mod_revision"] = expected_mod_revision
+            body["expected_mod_revision"] = check_int(
+                "expected_mod_revision", expected_mod_revision, 0
+            )
         if session_id is not None:
-            body["session_id"] = session_id
-        document = await self._transport.call("PUT", _key_path(key), body=body, write=True)
+            body["session_id"] = check_name_argument("session_id", session_id)
+        document = await self._transport.call("PUT", path, body=body, write=True)
         return convert(document, PutResult)
 
     async def get(
@@ -144,29 +231,37 @@ class AsyncKv:
     ) -> KeyValue | None:
         """The key, or None when it does not exist. `stale` reads the answering node's state
         without a read barrier: faster, possibly behind."""
-        try:
-            document = await self._transport.call(
-                "GET", _key_path(key), query={"consistency": consistency}
+        path = _key_path(key)
+        if consistency not in _CONSISTENCIES:
+            raise InvalidArgument(
+                f"consistency must be 'linearizable' or 'stale', got {consistency!r:.80}"
             )
+        try:
+            document = await self._transport.call("GET", path, query={"consistency": consistency})
         except NotFound:
             return None
         return key_value(document)
 
     async def delete(self, key: str, *, expected_mod_revision: int | None = None) -> DeleteResult:
         """Deletes `key`; `deleted` is False when it did not exist."""
+        path = _key_path(key)
         query = None
         if expected_mod_revision is not None:
-            query = {"expected_mod_revision": str(expected_mod_revision)}
-        document = await self._transport.call("DELETE", _key_path(key), query=query, write=True)
+            revision = check_int("expected_mod_revision", expected_mod_revision, 0)
+            query = {"expected_mod_revision": str(revision)}
+        document = await self._transport.call("DELETE", path, query=query, write=True)
         return DeleteResult(deleted=bool(document["deleted"]), revision=document["revision"])
 
     async def range(
         self, prefix: str = "", *, limit: int = 100, after: str | None = None
     ) -> KeyPage:
         """One page of the keys starting with `prefix` in byte order, after key `after`."""
+        _check_prefix(prefix)
+        check_int("limit", limit, 1)
+        check_page_limit(limit)
         query = {"prefix": prefix, "limit": str(limit)}
         if after is not None:
-            query["after"] = after
+            query["after"] = check_key_argument("after", after)
         document = await self._transport.call("GET", "/v1/kv", query=query)
         return KeyPage(
             items=tuple(key_value(item) for item in document["items"]),
@@ -176,6 +271,7 @@ class AsyncKv:
 
     async def list(self, prefix: str = "") -> AsyncGenerator[KeyValue, None]:
         """Every key starting with `prefix`, page after page (each page is a separate read)."""
+        _check_prefix(prefix)
         after: str | None = None
         while True:
             page = await self.range(prefix, limit=PAGE_LIMIT, after=after)
@@ -192,7 +288,8 @@ class AsyncKv:
         polls; after a lost connection or a failover it resumes from the revision after the
         last event it delivered. Raises `Compacted` when that revision is no longer retained,
         and an outage error when no node answered for `retry_s`."""
-        next_revision = from_revision
+        _check_prefix(prefix)
+        next_revision = check_int("from_revision", from_revision, 1, REVISION_MAX)
         allowance = _OutageAllowance(self._retry_s)
         while True:
             query = {
@@ -227,8 +324,9 @@ class AsyncSessions:
 
     async def grant(self, ttl_s: float) -> SessionInfo:
         """A new session that ends `ttl_s` after its last keep-alive (1 s to 1 h)."""
+        ttl_ms = round(check_ttl_s(ttl_s) * 1000)
         document = await self._transport.call(
-            "POST", "/v1/sessions", body={"ttl_ms": round(ttl_s * 1000)}, write=True
+            "POST", "/v1/sessions", body={"ttl_ms": ttl_ms}, write=True
         )
         return convert(document, SessionInfo)
 
@@ -240,7 +338,7 @@ class AsyncSessions:
         """`keepalive` with its own deadline (a keeper must know before the TTL runs out)."""
         document = await self._transport.call(
             "POST",
-            f"/v1/sessions/{_segment(session_id)}/keepalive",
+            f"/v1/sessions/{_segment('session_id', session_id)}/keepalive",
             write=True,
             timeout_s=timeout_s,
         )
@@ -248,11 +346,15 @@ class AsyncSessions:
 
     async def revoke(self, session_id: str) -> None:
         """Ends the session: its locks pass to their next waiters and its keys are deleted."""
-        await self._transport.call("DELETE", f"/v1/sessions/{_segment(session_id)}", write=True)
+        await self._transport.call(
+            "DELETE", f"/v1/sessions/{_segment('session_id', session_id)}", write=True
+        )
 
     async def get(self, session_id: str) -> SessionInfo | None:
         try:
-            document = await self._transport.call("GET", f"/v1/sessions/{_segment(session_id)}")
+            document = await self._transport.call(
+                "GET", f"/v1/sessions/{_segment('session_id', session_id)}"
+            )
         except NotFound:
             return None
         return convert(document, SessionInfo)
@@ -268,9 +370,9 @@ class AsyncLocks:
         """Takes the lock for the session, waiting in the lock's queue up to `wait_s`. Not
         granted: `granted` is False (with `queued` when `wait_s` was 0 and the session is now
         in the queue anyway, or `timed_out` when the wait ended)."""
-        if not math.isfinite(wait_s):
-            raise ValueError(f"wait_s must be a number of seconds, got {wait_s}")
-        path = f"/v1/locks/{_segment(name)}/acquire"
+        path = f"{_lock_path(name)}/acquire"
+        check_name_argument("session_id", session_id)
+        wait_s = check_wait_s(wait_s)
         if wait_s <= 0:
             document = await self._transport.call(
                 "POST", path, body={"session_id": session_id}, write=True
@@ -296,9 +398,11 @@ class AsyncLocks:
 
     async def release(self, name: str, session_id: str) -> bool:
         """Releases the lock (True), or leaves its queue (False); `LockNotHeld` otherwise."""
+        path = f"{_lock_path(name)}/release"
+        check_name_argument("session_id", session_id)
         document = await self._transport.call(
             "POST",
-            f"/v1/locks/{_segment(name)}/release",
+            path,
             body={"session_id": session_id},
             write=True,
         )
@@ -307,16 +411,16 @@ class AsyncLocks:
     async def get(self, name: str) -> LockInfo | None:
         """The holder, token and queue of the lock, or None when nobody holds it."""
         try:
-            document = await self._transport.call("GET", f"/v1/locks/{_segment(name)}")
+            document = await self._transport.call("GET", _lock_path(name))
         except NotFound:
             return None
         return convert(document, LockInfo)
 
     async def validate(self, name: str, token: int) -> TokenValidation:
         """Whether `token` is the lock's current grant, through a read barrier."""
-        document = await self._transport.call(
-            "POST", f"/v1/locks/{_segment(name)}/validate", body={"token": token}
-        )
+        path = f"{_lock_path(name)}/validate"
+        check_int("token", token, 1)
+        document = await self._transport.call("POST", path, body={"token": token})
         return convert(document, TokenValidation)
 
 
@@ -353,6 +457,10 @@ class AsyncJobs:
                 spec[field_name] = given
         if args is not None:
             spec["args"] = args
+        # NaN and infinities first, as ValueError like in every other body (the spec's own check
+        # would say InvalidArgument for some fields and miss those in `args`).
+        check_body(spec)
+        _check_spec(spec)
         document = await self._transport.call("POST", "/v1/jobs", body=spec, write=True)
         return str(document["job_id"])
 
@@ -367,20 +475,23 @@ class AsyncJobs:
         self, *, state: str | None = None, limit: int = 100, after: str | None = None
     ) -> JobPage:
         """One page of jobs in submission order, optionally in one state, after job `after`."""
+        check_int("limit", limit, 1)
+        check_page_limit(limit)
         query = {"limit": str(limit)}
         if state is not None:
-            query["state"] = state
+            query["state"] = check_name_argument("state", state)
         if after is not None:
-            query["after"] = after
+            query["after"] = check_name_argument("after", after)
+            check_bytes("after", after, _JOB_ID_BYTES_MAX)
         document = await self._transport.call("GET", "/v1/jobs", query=query)
         return convert(document, JobPage)
 
     async def cancel(self, job_id: str, *, reason: str = "") -> int:
         """Cancels the job's unfinished tasks; returns how many were cancelled.
         `InvalidTransition` when the job has already finished."""
-        document = await self._transport.call(
-            "POST", f"{_job_path(job_id)}/cancel", body={"reason": reason}, write=True
-        )
+        path = f"{_job_path(job_id)}/cancel"
+        check_text("reason", check_str("reason", reason), MESSAGE_BYTES_MAX)
+        document = await self._transport.call("POST", path, body={"reason": reason}, write=True)
         return int(document["cancelled_tasks"])
 
     async def events(self, job_id: str) -> tuple[JobEvent, ...]:
@@ -398,32 +509,38 @@ class AsyncJobs:
     ) -> JobLogs:
         """The end of a task attempt's output (the latest attempt unless `attempt` is given),
         read from the region that ran it."""
+        path = f"{_job_path(job_id)}/logs"
+        check_int("task_index", task_index, 0, ARRAY_SIZE_MAX - 1)
+        check_int("tail_bytes", tail_bytes, 1)
         query = {"task_index": str(task_index), "tail_bytes": str(tail_bytes)}
         if attempt is not None:
-            query["attempt"] = str(attempt)
-        document = await self._transport.call("GET", f"{_job_path(job_id)}/logs", query=query)
+            query["attempt"] = str(check_int("attempt", attempt, 1))
+        document = await self._transport.call("GET", path, query=query)
         return convert(document, JobLogs)
 
     async def wait(self, job_id: str, *, timeout_s: float | None = None) -> Job:
         """The job once every task has finished (succeeded, failed or cancelled). Long polls;
-        `Timeout` when it has not finished within `timeout_s` (None: no limit), `NotFound` when
-        there is no such job."""
-        if timeout_s is not None and (not timeout_s >= 0 or math.isinf(timeout_s)):
+        `Timeout` when it has not finished within `timeout_s` (None: no limit; 0: look once),
+        `NotFound` when there is no such job."""
+        path = _job_path(job_id)
+        if timeout_s is not None and check_seconds("timeout_s", timeout_s) < 0:
             raise ValueError(f"timeout_s must be a number of seconds, 0 or more, got {timeout_s}")
         loop = asyncio.get_running_loop()
         deadline_s = None if timeout_s is None else loop.time() + timeout_s
         allowance = _OutageAllowance(self._retry_s)
+        polled = False
         while True:
             poll_s = POLL_S
             if deadline_s is not None:
                 left_s = deadline_s - loop.time()
-                if left_s <= 0:
+                # The job is looked at at least once, so a finished job is returned even with
+                # no time to wait (timeout_s=0).
+                if left_s <= 0 and polled:
                     raise Timeout(f"job {job_id!r} did not finish within {timeout_s} s")
-                poll_s = min(poll_s, left_s)
+                poll_s = max(0.0, min(poll_s, left_s))
+            polled = True
             try:
-                document = await self._transport.call(
-                    "GET", _job_path(job_id), wait_s=allowance.poll_s(poll_s)
-                )
+                document = await self._transport.call("GET", path, wait_s=allowance.poll_s(poll_s))
             except OUTAGE_ERRORS as error:
                 allowance.failed(error)
                 continue
@@ -443,7 +560,7 @@ class AsyncRegions:
 
     async def get(self, name: str) -> Region | None:
         try:
-            document = await self._transport.call("GET", f"/v1/regions/{_segment(name)}")
+            document = await self._transport.call("GET", f"/v1/regions/{_segment('name', name)}")
         except NotFound:
             return None
         return convert(document, Region)
@@ -469,9 +586,19 @@ class AsyncTenants:
         carbon_weight: float = 1.0,
     ) -> bool:
         """Sets all of a tenant's settings (admins only); True when the tenant was new."""
+        path = f"/v1/tenants/{_segment('name', name)}"
+        # The command the cluster would build, so its checks run here first.
+        TenantSet(
+            name=name,
+            weight=check_number("weight", weight),
+            gpus_max=None if gpus_max is None else check_int("gpus_max", gpus_max, 0),
+            tasks_max=None if tasks_max is None else check_int("tasks_max", tasks_max, 0),
+            cost_weight=check_number("cost_weight", cost_weight),
+            carbon_weight=check_number("carbon_weight", carbon_weight),
+        )
         document = await self._transport.call(
             "PUT",
-            f"/v1/tenants/{_segment(name)}",
+            path,
             body={
                 "weight": weight,
                 "gpus_max": gpus_max,
@@ -498,6 +625,7 @@ class AsyncCluster:
 
     async def transfer_leader(self, region: str) -> bool:
         """Moves leadership to `region`'s node; False when it already leads."""
+        check_name_argument("region", region)
         document = await self._transport.call(
             "POST", "/v1/cluster/transfer-leader", body={"region": region}
         )
@@ -505,13 +633,48 @@ class AsyncCluster:
 
 
 def _key_path(key: str) -> str:
-    if not key:
-        raise ValueError("a key must not be empty")
-    return f"/v1/kv/{quote(key, safe='/')}"
+    return f"/v1/kv/{quote(check_key_argument('key', key), safe='/')}"
+
+
+def _lock_path(name: str) -> str:
+    return f"/v1/locks/{quote(check_key_argument('name', name), safe='')}"
 
 
 def _job_path(job_id: str) -> str:
-    return f"/v1/jobs/{_segment(job_id)}"
+    path = f"/v1/jobs/{_segment('job_id', job_id)}"
+    check_bytes("job_id", job_id, _JOB_ID_BYTES_MAX)
+    return path
+
+
+def _check_prefix(prefix: object) -> None:
+    check_text("prefix", check_str("prefix", prefix), KEY_BYTES_MAX)
+
+
+def _check_spec(spec: dict[str, Any]) -> None:
+    """Runs the checks the cluster runs on a submitted spec (node/api/jobs.py): the same fields,
+    converted to the same `JobSpec`."""
+    unknown = sorted(set(spec) - _SPEC_FIELDS)
+    if unknown:
+        raise TypeError(
+            f"unknown job spec field(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(_SPEC_FIELDS))}"
+        )
+    document = dict(spec)
+    args = document.get("args")
+    if isinstance(args, dict):
+        try:
+            document["args"] = msgspec.json.encode(args).decode()
+        except (TypeError, RecursionError) as error:
+            raise TypeError(f"args must be a JSON object: {error}") from None
+        except UnicodeEncodeError as error:
+            raise NotUtf8("args", error) from None
+    try:
+        msgspec.convert(document, JobSpec)
+    except msgspec.ValidationError as error:
+        raise TypeError(f"job spec: {error}") from None
+
+
+_SPEC_FIELDS = frozenset(set(JobSpec.__struct_fields__) - {"tenant"})
 
 
 def _base64(value: bytes) -> str:

@@ -13,6 +13,7 @@ retried.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -27,7 +28,7 @@ from xrcore.client._api import (
 )
 from xrcore.client._leases import LockContext, SessionContext, _Keeper
 from xrcore.client._models import Health, convert
-from xrcore.client._transport import Transport
+from xrcore.client._transport import Transport, check_number
 from xrcore.errors import XrError, error_from_code
 
 __all__ = ["AsyncClient"]
@@ -59,8 +60,9 @@ class AsyncClient:
         cert_file: str | None = None,
         key_file: str | None = None,
     ) -> None:
-        if retry_s < 0:
-            raise ValueError(f"retry_s must not be negative, got {retry_s}")
+        # NaN would compare false with every elapsed time: a loop would never give up.
+        if math.isnan(check_number("retry_s", retry_s)) or retry_s < 0:
+            raise ValueError(f"retry_s must be a number of seconds, 0 or more, got {retry_s}")
         self._transport = Transport(
             endpoints,
             token=token,

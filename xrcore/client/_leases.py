@@ -29,7 +29,13 @@ from collections.abc import Awaitable
 from types import TracebackType
 from typing import Any
 
-from xrcore.client._api import AsyncLocks, AsyncSessions
+from xrcore.client._api import (
+    AsyncLocks,
+    AsyncSessions,
+    check_key_argument,
+    check_ttl_s,
+    check_wait_s,
+)
 from xrcore.client._errors import LockLost, LockNotGranted, SessionLost
 from xrcore.errors import LockNotHeld, NotFound, XrError
 
@@ -220,7 +226,7 @@ class SessionContext:
 
     def __init__(self, sessions: AsyncSessions, *, ttl_s: float, keepers: set[_Keeper]) -> None:
         self._sessions = sessions
-        self._ttl_s = ttl_s
+        self._ttl_s = check_ttl_s(ttl_s)
         self._keepers = keepers
         self._keeper: _Keeper | None = None
 
@@ -270,11 +276,12 @@ class LockContext:
         wait_s: float,
         keepers: set[_Keeper],
     ) -> None:
+        # Checked here, not when the lock is asked for: by then a session would have been granted.
         self._sessions = sessions
         self._locks = locks
-        self._name = name
-        self._ttl_s = ttl_s
-        self._wait_s = wait_s
+        self._name = check_key_argument("name", name)
+        self._ttl_s = check_ttl_s(ttl_s)
+        self._wait_s = check_wait_s(wait_s)
         self._keepers = keepers
         self._lease: Lease | None = None
 

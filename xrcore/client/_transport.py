@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import random
 import secrets
 import ssl
@@ -42,9 +43,17 @@ import aiohttp
 import msgspec
 import yarl
 
+from xrcore._validate import check_name
 from xrcore.errors import ClusterUnavailable, Timeout, XrError, error_from_code
 
-__all__ = ["Transport", "normalize_endpoint", "tls_context"]
+__all__ = [
+    "Transport",
+    "check_body",
+    "check_number",
+    "check_seconds",
+    "normalize_endpoint",
+    "tls_context",
+]
 
 log = logging.getLogger("xr.client")
 
@@ -64,14 +73,75 @@ _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()
 
 
+class NotUtf8(UnicodeEncodeError):
+    """A str argument with a lone surrogate (how Python passes on bytes that are not UTF-8), which
+    no request can carry. A UnicodeEncodeError, so a ValueError, whose message names the
+    argument; the command line turns it into a usage error."""
+
+    def __init__(self, field: str, error: UnicodeEncodeError) -> None:
+        super().__init__(error.encoding, error.object, error.start, error.end, error.reason)
+        self.field = field
+
+    def __str__(self) -> str:
+        return f"{self.field} is not valid UTF-8 (a lone surrogate at position {self.start})"
+
+
+def check_utf8(field: str, value: str) -> None:
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as error:
+            raise NotUtf8(field, error) from None
+
+
+# The longest host name DNS allows.
+_HOST_CHARS_MAX = 253
+
+
+def check_number(field: str, value: object) -> float:
+    """`value` as a float; TypeError naming `field` unless it is an int or a float (not a bool)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{field} must be a number, got {type(value).__name__} {value!r:.80}")
+    return float(value)
+
+
+def check_seconds(field: str, value: object) -> float:
+    """A duration argument: a finite number (ValueError for NaN and infinities)."""
+    seconds = check_number(field, value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{field} must be a number of seconds, got {value}")
+    return seconds
+
+
 def normalize_endpoint(endpoint: str) -> str:
-    """`host:port` or `http://host:port/` as `http://host:port`."""
+    """`host:port` or `http://host:port/` as `http://host:port`; ValueError for anything that is
+    not an http or https URL with a host."""
+    if not isinstance(endpoint, str):
+        raise TypeError(
+            f"an endpoint must be a str, got {type(endpoint).__name__} {endpoint!r:.80}"
+        )
     text = endpoint.strip()
     if not text:
         raise ValueError("an endpoint must not be empty")
     if "://" not in text:
         text = f"http://{text}"
-    return text.rstrip("/")
+    text = text.rstrip("/")
+    try:
+        url = yarl.URL(text)
+        # The host is encoded (IDNA) only when a request is made: do it now, so that a host no
+        # request could reach is refused here.
+        host = url.raw_host
+        usable = (
+            url.scheme in ("http", "https")
+            and bool(host)
+            and len(host or "") <= _HOST_CHARS_MAX
+            and text.isprintable()
+        )
+    except (ValueError, UnicodeError):
+        usable = False
+    if not usable:
+        raise ValueError(f"endpoint {endpoint!r:.80} is not an http:// or https:// URL with a host")
+    return text
 
 
 def tls_context(
@@ -80,6 +150,10 @@ def tls_context(
     """The TLS context for `https://` endpoints, or None for the default (the system's CAs, no
     client certificate) when no file is given. Raises ValueError naming a file that does not
     load. `cert_file` may hold the key too, in which case `key_file` is not needed."""
+    for name, path in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
+        # An int would be taken by `open` as a file descriptor (True as stdout) and closed.
+        if path is not None and not isinstance(path, str | os.PathLike):
+            raise TypeError(f"{name} must be a path, got {type(path).__name__} {path!r:.80}")
     if ca_file is None and cert_file is None and key_file is None:
         return None
     if key_file is not None and cert_file is None:
@@ -89,8 +163,9 @@ def tls_context(
     else:
         # Only this CA: a cluster with its own CA is not whoever a public CA vouches for.
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ca_data = _read("ca_file", ca_file)
         try:
-            context.load_verify_locations(cadata=_read("ca_file", ca_file).decode("ascii"))
+            context.load_verify_locations(cadata=ca_data.decode("ascii"))
         # ValueError: not ASCII, or no certificate at all (an empty file).
         except (ValueError, ssl.SSLError) as error:
             raise ValueError(f"ca_file {ca_file!r}: not PEM CA certificates ({error})") from None
@@ -141,14 +216,31 @@ class Transport:
         cert_file: str | None = None,
         key_file: str | None = None,
     ) -> None:
-        listed = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if isinstance(endpoints, str):
+            listed = [endpoints]
+        elif isinstance(endpoints, Sequence) and not isinstance(endpoints, bytes | bytearray):
+            listed = list(endpoints)
+        else:
+            raise TypeError(
+                f"endpoints must be a str or a sequence of str, got {type(endpoints).__name__}"
+            )
         if not listed:
             raise ValueError("give at least one endpoint")
-        if not timeout_s > 0 or math.isinf(timeout_s):
+        if not check_number("timeout_s", timeout_s) > 0 or math.isinf(timeout_s):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
         self.endpoints: tuple[str, ...] = tuple(normalize_endpoint(item) for item in listed)
         self.timeout_s = timeout_s
+        if client_id is not None and not isinstance(client_id, str):
+            raise TypeError(f"client_id must be a str, got {type(client_id).__name__}")
+        if client_id:
+            # The cluster would refuse every write under a client id that is not a name.
+            check_name("client_id", client_id)
         self.client_id = client_id or f"client-{secrets.token_hex(8)}"
+        if token is not None and not isinstance(token, str):
+            raise TypeError(f"token must be a str, got {type(token).__name__}")
+        if token is not None and not (token and token.isascii() and token.isprintable()):
+            # It goes in a header: a line break would end it, and HTTP headers are ASCII.
+            raise ValueError("token must be a non-empty string of printable ASCII characters")
         self._token = token
         self._tls = tls_context(ca_file=ca_file, cert_file=cert_file, key_file=key_file)
         # Seqs start at the wall clock in microseconds, so a client restarted with the same
@@ -217,7 +309,7 @@ class Transport:
         if wait_s is not None and (not wait_s >= 0 or math.isinf(wait_s)):
             raise ValueError(f"wait_s must be a number of seconds, 0 or more, got {wait_s}")
         if body is not None:
-            _check_finite(body, "body")
+            check_body(body)
         loop = asyncio.get_running_loop()
         own_timeout_s = self.timeout_s if timeout_s is None else timeout_s
         started_s = loop.time()
@@ -386,11 +478,22 @@ def _server_error(status: int, document: Any) -> XrError:
     return XrError(f"HTTP {status} without an xr error in the answer")
 
 
+def check_body(body: Mapping[str, Any]) -> None:
+    """Refuses a request body JSON cannot carry as given, naming the field (ValueError)."""
+    for field, value in body.items():
+        try:
+            _check_finite(value, f"body.{field}")
+        except RecursionError:
+            raise ValueError(f"body.{field}: nested too deeply to send") from None
+
+
 def _check_finite(value: Any, where: str) -> None:
     """Refuses a NaN or infinite number in a request body: JSON has neither, and the encoder
     would send null, which the API takes as "not given"."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{where}: {value!r} is not a finite number")
+    if isinstance(value, str):
+        check_utf8(where, value)
     if isinstance(value, Mapping):
         for key, item in value.items():
             _check_finite(item, f"{where}.{key}")
