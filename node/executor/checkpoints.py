@@ -37,6 +37,7 @@ refreshed by a copy-in-place, or replaced by a lifecycle rule on unreferenced ch
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import re
@@ -487,7 +488,7 @@ def _check_arrays(arrays: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
     host: dict[str, np.ndarray[Any, Any]] = {}
     total_bytes = 0
     for name, array in arrays.items():
-        if not isinstance(name, str) or not 0 < len(name.encode()) <= ARRAY_NAME_BYTES_MAX:
+        if not isinstance(name, str) or not 0 < _utf8_size(name) <= ARRAY_NAME_BYTES_MAX:
             raise ValueError(
                 f"array names must be non-empty strings of at most {ARRAY_NAME_BYTES_MAX} bytes, "
                 f"got {name!r:.80}"
@@ -507,10 +508,22 @@ def _check_arrays(arrays: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
     return host
 
 
+def _utf8_size(name: str) -> int:
+    """Bytes of `name` in UTF-8; -1 for a string that has none (a lone surrogate)."""
+    try:
+        return len(name.encode())
+    except UnicodeEncodeError:
+        return -1
+
+
 def _check_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     try:
+        # The standard encoder first, for what msgspec would change silently rather than refuse:
+        # NaN and infinities (written as null) and bytes (written as base64 text).
+        json.dumps(dict(meta), allow_nan=False)
         encoded = msgspec.json.encode(dict(meta))
-    except (TypeError, OverflowError) as error:
+    except (TypeError, ValueError, OverflowError, RecursionError) as error:
+        # ValueError covers a lone surrogate (UnicodeEncodeError) and NaN.
         raise ValueError(f"checkpoint meta must be JSON: {error}") from None
     if len(encoded) > META_BYTES_MAX:
         raise CheckpointTooLarge(

@@ -26,6 +26,8 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import numbers
+import operator
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -43,7 +45,7 @@ from node.executor.protocol import (
     Stop,
     TaskDescription,
 )
-from xrcore._validate import NAME_PATTERN
+from xrcore._validate import INT_MAX, NAME_PATTERN
 from xrcore.limits import METRICS_PER_UPDATE_MAX
 
 __all__ = [
@@ -193,6 +195,13 @@ class JobContext:
         """Writes the arrays and `meta` as the state after `step`, and has the log commit it.
         True once committed. False when it was not: then `should_stop()` says whether the
         attempt was superseded (stop now) or the commit merely failed (go on)."""
+        step = _count("step", step)
+        if not isinstance(arrays, Mapping):
+            raise TypeError(
+                f"arrays must be a mapping of names to arrays, got {type(arrays).__name__}"
+            )
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a mapping or None, got {type(meta).__name__}")
         if self._stop_reason in ("superseded", "disconnected"):
             # Nothing this attempt writes could be committed any more.
             return False
@@ -310,9 +319,9 @@ class JobContext:
     def progress(self, done: int, total: int, **metrics: float) -> None:
         """Reports `done` of `total` units of work and numeric metrics (loss=0.3). At most five
         a second are sent; the one that reaches `total` always is."""
-        message = Progress(done=int(done), total=int(total), metrics=_check_metrics(metrics))
-        if message.done < 0 or message.total < 0:
-            raise ValueError(f"progress must not be negative, got {done} of {total}")
+        message = Progress(
+            done=_count("done", done), total=_count("total", total), metrics=_check_metrics(metrics)
+        )
         now_s = self._clock()
         if message.done >= message.total or now_s - self._last_progress_s >= PROGRESS_INTERVAL_S:
             self._pending_progress = None
@@ -338,17 +347,43 @@ class JobContext:
         return True
 
 
+def _count(field: str, value: Any) -> int:
+    """A step or a count of work: a whole number from 0 to INT_MAX (an int, a NumPy integer or a
+    float with no fraction); TypeError or ValueError naming `field` otherwise."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool):
+        raise TypeError(f"{field} must be an integer, got bool {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{field} must be an integer, got {type(value).__name__} {value!r:.80}"
+        ) from None
+    if not 0 <= number <= INT_MAX:
+        raise ValueError(f"{field} must be between 0 and {INT_MAX}, got {number}")
+    return number
+
+
 def _check_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     if len(metrics) > METRICS_PER_UPDATE_MAX:
         raise ValueError(f"at most {METRICS_PER_UPDATE_MAX} metrics, got {len(metrics)}")
     checked: dict[str, float] = {}
     for name, value in metrics.items():
-        if len(name.encode()) > METRIC_NAME_BYTES_MAX or NAME_PATTERN.fullmatch(name) is None:
+        # A name that matches the pattern is ASCII, so it encodes.
+        if NAME_PATTERN.fullmatch(name) is None or len(name.encode()) > METRIC_NAME_BYTES_MAX:
             raise ValueError(
                 f"metric name {name!r} must start with a letter or digit, contain only letters, "
                 f"digits and . _ : @ / -, and be at most {METRIC_NAME_BYTES_MAX} bytes"
             )
-        number = float(value)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"metric {name!r} must be a number, got {type(value).__name__} {value!r:.80}"
+            )
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
         if not math.isfinite(number):
             raise ValueError(f"metric {name!r} is {number}; metrics must be finite numbers")
         checked[name] = number
