@@ -21,13 +21,14 @@ the classes of `xrcore.errors`, rebuilt from the server's error codes, plus `Loc
 
 Arguments are checked before anything is sent, with the cluster's own rules (`xrcore`'s checks
 and limits), and the error names the argument: a wrong type raises TypeError (True is not an
-int, bytes are not a str, an unknown job spec field is refused like an unknown keyword); a value
+int, bytes are not a str); a value
 the cluster would refuse (an empty or oversized key, a name with a space, a limit out of range)
 raises the `InvalidArgument` or `PayloadTooLarge` the cluster would answer; a bad client setting
 (an endpoint, a token with a line break, a NaN wait or timeout, a TLS file that is not a path),
 and a NaN or infinity in a request body (a job spec), raise ValueError; a string with a lone
 surrogate (bytes that are not UTF-8) raises UnicodeEncodeError, a ValueError. `client.lock()`
-and `client.session()` check theirs when called, before any session is granted."""
+and `client.session()` check theirs when called, before any session is granted. A job spec
+with a field this version does not know is sent as given: a newer cluster may know it."""
 
 from xrcore.client._api import (
     AsyncCluster,
