@@ -317,7 +317,8 @@ def up(
     Each region is an `xr node run` process on 127.0.0.1. Once every region is ready this prints
     a table of regions, API URLs, Raft addresses, logs and data directories, and the
     `export XR_ENDPOINTS=...` line for the other commands. Ctrl-C (or SIGTERM) stops every node
-    cleanly; a node that fails to start shows its log and stops the rest (exit code 1).
+    cleanly; a node that fails to start shows its log and stops the rest (exit code 1). A `--set`
+    the nodes would refuse, or a `--dir` that cannot be made, exits 2 before any node starts.
     """
     from node.up import UpError, UpOptions, run_up
 

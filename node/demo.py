@@ -469,6 +469,10 @@ def run(options: DemoOptions | None = None, *, console: Console | None = None) -
             console = Console(width=140)
     demo = _Demo(options, console)
     if options.base_dir is not None:
+        try:
+            options.base_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise DemoError(f"--dir {options.base_dir} cannot be made: {error.strerror}") from None
         return demo.run(options.base_dir)
     base_dir = Path(tempfile.mkdtemp(prefix="xr-demo-"))
     try:

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from node.localcluster import LocalCluster, LocalNode, free_ports
+from node.localcluster import HOST, LocalCluster, LocalNode, free_ports
 
 __all__ = ["STATE_FILE", "UpError", "UpOptions", "plan_ports", "run_up"]
 
@@ -78,6 +78,28 @@ def plan_ports(
         return list(recorded["http_ports"]), list(recorded["raft_ports"])
     ports = free_ports(2 * count)
     return ports[:count], ports[count:]
+
+
+def _check_settings(
+    options: UpOptions, names: list[str], http_ports: list[int], raft_ports: list[int]
+) -> None:
+    """Loads the first region's configuration as its node will (the environment, then the
+    flags, then `--set`), so that a bad `--set` is refused before any node starts."""
+    from node.config import ConfigError, load_config
+
+    data_dir = (options.base_dir or Path(tempfile.gettempdir()) / "xr-up") / names[0]
+    overrides = {
+        "region.name": names[0],
+        "raft.address": f"{HOST}:{raft_ports[0]}",
+        "raft.peers": ",".join(f"{HOST}:{port}" for port in raft_ports[1:]),
+        "http.address": f"{HOST}:{http_ports[0]}",
+        "data_dir": str(data_dir),
+        **options.settings,
+    }
+    try:
+        load_config(overrides=overrides)
+    except ConfigError as error:
+        raise UpError(f"invalid setting: {error}") from None
 
 
 def _read_state(base_dir: Path, region_names: list[str]) -> dict[str, Any] | None:
@@ -246,8 +268,13 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
         base_dir = options.base_dir.resolve()
         if base_dir.exists() and not base_dir.is_dir():
             raise UpError(f"--dir {base_dir} exists and is not a directory")
-        recorded = _read_state(base_dir, names) if base_dir.is_dir() else None
+        try:
+            base_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UpError(f"--dir {base_dir} cannot be made: {error.strerror}") from None
+        recorded = _read_state(base_dir, names)
     http_ports, raft_ports = plan_ports(names, base_port=options.base_port, recorded=recorded)
+    _check_settings(options, names, http_ports, raft_ports)
     if options.base_dir is None:
         base_dir = Path(tempfile.mkdtemp(prefix="xr-up-"))
     remove_dir = options.base_dir is None and not options.keep_data

@@ -794,6 +794,40 @@ def test_up__a_node_that_cannot_start_shows_its_log_and_stops_the_rest(tmp_path:
     assert _processes_under(base_dir) == []
 
 
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("nosuch=1", "unknown setting 'nosuch'"),
+        ("raft.durability=maybe", "raft.durability"),
+        ("http.wait_max_s=nan", "http.wait_max_s"),
+    ],
+)
+def test_up__a_bad_setting_exits_two_before_any_node_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str, named: str
+) -> None:
+    """Each node used to start, fail on the setting and show its log (exit 1)."""
+    base_dir = tmp_path / "cluster"
+    assert main(["up", "--regions", "2", "--dir", str(base_dir), "--set", setting]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("xr: up.invalid: invalid setting: ") and named in error
+    assert list(base_dir.iterdir()) == []
+
+
+def test_up_and_demo__a_dir_that_cannot_be_made_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both gave a traceback (NotADirectoryError from mkdir)."""
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert main(["up", "--dir", str(a_file / "cluster")]) == 2
+    error = capsys.readouterr().err
+    assert "--dir" in error and "cannot be made: Not a directory" in error
+    assert "Traceback" not in error
+    assert main(["demo", "--dir", str(a_file / "demo")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("xr demo: --dir") and "cannot be made: Not a directory" in error
+
+
 def test_up__ctrl_c_stops_every_node_and_exits_zero(up: UpProcess) -> None:
     pids = up.pids
     up.process.send_signal(signal.SIGINT)
