@@ -318,7 +318,7 @@ def up(
     a table of regions, API URLs, Raft addresses, logs and data directories, and the
     `export XR_ENDPOINTS=...` line for the other commands. Ctrl-C (or SIGTERM) stops every node
     cleanly; a node that fails to start shows its log and stops the rest (exit code 1). A `--set`
-    the nodes would refuse, or a `--dir` that cannot be made, exits 2 before any node starts.
+    the nodes would refuse, or a `--dir` no file can be made in, exits 2 before any node starts.
     """
     from node.up import UpError, UpOptions, run_up
 

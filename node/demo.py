@@ -34,7 +34,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from node.config import hash_token
-from node.localcluster import LocalCluster
+from node.localcluster import LocalCluster, prepare_directory
 
 __all__ = ["DemoError", "DemoOptions", "DemoReport", "run"]
 
@@ -470,9 +470,9 @@ def run(options: DemoOptions | None = None, *, console: Console | None = None) -
     demo = _Demo(options, console)
     if options.base_dir is not None:
         try:
-            options.base_dir.mkdir(parents=True, exist_ok=True)
+            prepare_directory(options.base_dir)
         except OSError as error:
-            raise DemoError(f"--dir {options.base_dir} cannot be made: {error.strerror}") from None
+            raise DemoError(f"--dir {options.base_dir} cannot be used: {error.strerror}") from None
         return demo.run(options.base_dir)
     base_dir = Path(tempfile.mkdtemp(prefix="xr-demo-"))
     try:

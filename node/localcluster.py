@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,9 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalCluster", "LocalNode", "free_ports"]
+__all__ = ["LocalCluster", "LocalNode", "free_ports", "prepare_directory"]
 
 HOST = "127.0.0.1"
+
+
+def prepare_directory(path: Path) -> None:
+    """Makes `path` (and its parents) and checks that files can be made in it, as the nodes'
+    data and logs will be; OSError otherwise."""
+    path.mkdir(parents=True, exist_ok=True)
+    descriptor, probe = tempfile.mkstemp(dir=path, prefix=".xr-probe-")
+    os.close(descriptor)
+    os.unlink(probe)
 
 
 def free_ports(count: int) -> list[int]:

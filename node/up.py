@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from node.localcluster import HOST, LocalCluster, LocalNode, free_ports
+from node.localcluster import HOST, LocalCluster, LocalNode, free_ports, prepare_directory
 
 __all__ = ["STATE_FILE", "UpError", "UpOptions", "plan_ports", "run_up"]
 
@@ -269,9 +269,9 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
         if base_dir.exists() and not base_dir.is_dir():
             raise UpError(f"--dir {base_dir} exists and is not a directory")
         try:
-            base_dir.mkdir(parents=True, exist_ok=True)
+            prepare_directory(base_dir)
         except OSError as error:
-            raise UpError(f"--dir {base_dir} cannot be made: {error.strerror}") from None
+            raise UpError(f"--dir {base_dir} cannot be used: {error.strerror}") from None
         recorded = _read_state(base_dir, names)
     http_ports, raft_ports = plan_ports(names, base_port=options.base_port, recorded=recorded)
     _check_settings(options, names, http_ports, raft_ports)

@@ -813,19 +813,21 @@ def test_up__a_bad_setting_exits_two_before_any_node_starts(
     assert list(base_dir.iterdir()) == []
 
 
-def test_up_and_demo__a_dir_that_cannot_be_made_is_named(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("where", ["under a file", "/proc"])
+def test_up_and_demo__a_dir_that_cannot_be_used_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
 ) -> None:
-    """Both gave a traceback (NotADirectoryError from mkdir)."""
+    """Both gave a traceback: NotADirectoryError from mkdir under a file, FileNotFoundError
+    writing into /proc (a directory in which no file can be made)."""
     a_file = tmp_path / "file"
     a_file.write_text("")
-    assert main(["up", "--dir", str(a_file / "cluster")]) == 2
+    directory = a_file / "cluster" if where == "under a file" else Path(where)
+    assert main(["up", "--regions", "1", "--dir", str(directory)]) == 2
     error = capsys.readouterr().err
-    assert "--dir" in error and "cannot be made: Not a directory" in error
-    assert "Traceback" not in error
-    assert main(["demo", "--dir", str(a_file / "demo")]) == 1
+    assert error.startswith(f"xr: up.invalid: --dir {directory} cannot be used: ")
+    assert main(["demo", "--dir", str(directory)]) == 1
     error = capsys.readouterr().err
-    assert error.startswith("xr demo: --dir") and "cannot be made: Not a directory" in error
+    assert error.startswith(f"xr demo: --dir {directory} cannot be used: ")
 
 
 def test_up__ctrl_c_stops_every_node_and_exits_zero(up: UpProcess) -> None:
