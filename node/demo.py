@@ -472,7 +472,8 @@ def run(options: DemoOptions | None = None, *, console: Console | None = None) -
         try:
             prepare_directory(options.base_dir)
         except OSError as error:
-            raise DemoError(f"--dir {options.base_dir} cannot be used: {error.strerror}") from None
+            reason = error.strerror or error
+            raise DemoError(f"--dir {options.base_dir} cannot be used: {reason}") from None
         return demo.run(options.base_dir)
     base_dir = Path(tempfile.mkdtemp(prefix="xr-demo-"))
     try:

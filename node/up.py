@@ -271,7 +271,7 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
         try:
             prepare_directory(base_dir)
         except OSError as error:
-            raise UpError(f"--dir {base_dir} cannot be used: {error.strerror}") from None
+            raise UpError(f"--dir {base_dir} cannot be used: {error.strerror or error}") from None
         recorded = _read_state(base_dir, names)
     http_ports, raft_ports = plan_ports(names, base_port=options.base_port, recorded=recorded)
     _check_settings(options, names, http_ports, raft_ports)
