@@ -26,11 +26,12 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import msgspec
+
+from node.files import CONFIG_BYTES_MAX, SECRET_BYTES_MAX, read_text_bounded
 
 if TYPE_CHECKING:
     from xrcore.client import Client
@@ -274,7 +275,7 @@ def _check_endpoint(url: str, *, where: str) -> None:
 
 def _read_token_file(path: str, *, where: str) -> str:
     try:
-        token = Path(path).read_text(encoding="utf-8").strip()
+        token = read_text_bounded(path, SECRET_BYTES_MAX).strip()
     except OSError as error:
         raise click.BadParameter(
             f"cannot read token file {path!r}: {error.strerror}", param_hint=where
@@ -291,7 +292,7 @@ def _read_token_file(path: str, *, where: str) -> str:
 def _read_client_config(path: str) -> dict[str, Any]:
     where = f"client configuration {path!r}"
     try:
-        document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        document = tomllib.loads(read_text_bounded(path, CONFIG_BYTES_MAX))
     except OSError as error:
         raise click.BadParameter(
             f"cannot read {where}: {error.strerror}", param_hint="--config"

@@ -19,7 +19,9 @@ from node.cli_common import (
     to_document,
     value_fields,
 )
-from xrcore.limits import RANGE_LIMIT_MAX
+from node.files import TooLarge, read_stream_bounded
+from xrcore.errors import PayloadTooLarge
+from xrcore.limits import RANGE_LIMIT_MAX, VALUE_BYTES_MAX
 
 if TYPE_CHECKING:
     from xrcore.client import KeyValue, WatchEvent
@@ -93,7 +95,13 @@ def kv_put(key: str, value: str, expect_revision: int | None, session_id: str | 
     Prints the revision of the write. With --expect-revision the write is a compare-and-set: it
     fails with kv.compare_failed (exit code 1) if the key changed in between.
     """
-    data = sys.stdin.buffer.read() if value == "-" else value.encode()
+    if value == "-":
+        try:
+            data = read_stream_bounded(sys.stdin.buffer, VALUE_BYTES_MAX)
+        except TooLarge as error:
+            raise PayloadTooLarge(f"the value on stdin is {error.strerror}") from None
+    else:
+        data = value.encode()
     with connect() as client:
         result = client.kv.put(
             key, data, expected_mod_revision=expect_revision, session_id=session_id

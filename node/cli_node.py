@@ -15,6 +15,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from node.cli_common import EXIT_USAGE, CommandFailed, FiniteFloatRange
+from node.files import (
+    CONFIG_BYTES_MAX,
+    SECRET_BYTES_MAX,
+    TooLarge,
+    read_stream_bounded,
+    read_text_bounded,
+)
 
 if TYPE_CHECKING:
     from node.config import NodeConfig
@@ -222,8 +229,8 @@ def _file_settings(path: Path | None) -> set[str]:
     if path is None:
         return set()
     try:
-        tree = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError):
+        tree = tomllib.loads(read_text_bounded(path, CONFIG_BYTES_MAX))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return set()
     names: set[str] = set()
     for key, value in tree.items():
@@ -372,7 +379,12 @@ def token_hash(generate: bool, name: str, role: str, tenant: str) -> int:
     elif sys.stdin.isatty():
         secret = click.prompt("token", hide_input=True, err=True).strip()
     else:
-        secret = sys.stdin.read().strip()
+        try:
+            secret = read_stream_bounded(sys.stdin.buffer, SECRET_BYTES_MAX).decode().strip()
+        except TooLarge as error:
+            raise click.UsageError(f"the token on stdin is {error.strerror}") from None
+        except UnicodeDecodeError:
+            raise click.UsageError("the token on stdin is not UTF-8 text") from None
     if not secret:
         raise click.UsageError("no token on stdin; pipe one in, or use --generate")
     digest = hash_token(secret)

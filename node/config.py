@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from node.files import CONFIG_BYTES_MAX, SECRET_BYTES_MAX, read_text_bounded
 from raftstore.config import RaftConfig
 from xrcore.errors import InvalidArgument
 
@@ -361,7 +362,7 @@ def load_config(
     sources: dict[str, str] = {}
     if path is not None:
         try:
-            tree = tomllib.loads(path.read_text(encoding="utf-8"))
+            tree = tomllib.loads(read_text_bounded(path, CONFIG_BYTES_MAX))
         except OSError as error:
             raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
         except UnicodeDecodeError:
@@ -407,7 +408,7 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
         if secret is not None:
             raise ConfigError("set raft.cluster_secret or raft.cluster_secret_file, not both")
         try:
-            secret = Path(parsed.raft.cluster_secret_file).read_text(encoding="utf-8").strip()
+            secret = read_text_bounded(parsed.raft.cluster_secret_file, SECRET_BYTES_MAX).strip()
         except OSError as error:
             raise ConfigError(
                 f"setting raft.cluster_secret_file: cannot read "

@@ -16,13 +16,13 @@ the nodes works when they require client certificates.
 from __future__ import annotations
 
 import ssl
-from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from node.config import ConfigError, TlsConfig
+from node.files import CONFIG_BYTES_MAX, read_bounded
 
 __all__ = ["client_context", "server_context"]
 
@@ -68,7 +68,7 @@ def client_context(tls: TlsConfig) -> ssl.SSLContext | None:
 
 def _read(setting: str, path: str) -> bytes:
     try:
-        return Path(path).read_bytes()
+        return read_bounded(path, CONFIG_BYTES_MAX)
     except OSError as error:
         raise ConfigError(f"setting {setting}: cannot read {path!r}: {error.strerror}") from None
 

@@ -45,6 +45,7 @@ from aiohttp import web
 
 from node.config import AuthConfig, ConfigError, TokenConfig
 from node.config import _check_auth as check_auth
+from node.files import CONFIG_BYTES_MAX, read_text_bounded
 from raftstore.clock import Clock, RealClock
 from xrcore.errors import Forbidden, Unauthenticated
 
@@ -209,7 +210,7 @@ def load_tokens_file(path: Path) -> list[TokenConfig]:
     """The file's tokens, checked by the same rules as `auth.tokens` (`node.config`'s own check,
     so the two cannot drift): unique names and digests, 64 hex digits, a known role, a tenant."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_bounded(path, CONFIG_BYTES_MAX)
     except (OSError, UnicodeDecodeError) as error:
         raise TokensFileError(f"cannot read it: {error}") from None
     try:

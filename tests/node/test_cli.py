@@ -333,6 +333,52 @@ def test_token_hash__reads_stdin_or_generates() -> None:
     assert empty.exit_code == 2
 
 
+def test_files_and_stdin__past_their_bound__are_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Token files, configurations, secrets and values on stdin were read whole, however large
+    (a path to /dev/zero ran the process out of memory); each is now read up to its bound
+    (`node.files`). Files just past the bounds stand in for the endless ones here."""
+    config = tmp_path / "big.toml"
+    config.write_text("# " + "a" * (1 << 20) + "\n")
+    secret = tmp_path / "big-secret"
+    secret.write_text("a" * (65 << 10))
+    unreachable = ["--endpoints", "127.0.0.1:1", "--timeout", "0.5"]
+    node = ["node", "run", "--check", "--region", "a", "--raft-address", "127.0.0.1:1"]
+    cases = [
+        (["kv", "get", "k", "--token-file", str(secret), *unreachable], 2),
+        (["kv", "get", "k", "--config", str(config), *unreachable], 2),
+        ([*node, "--data-dir", str(tmp_path), "--config", str(config)], 2),
+        ([*node, "--data-dir", str(tmp_path), "--set", f"raft.cluster_secret_file={secret}"], 2),
+    ]
+    for arguments, code in cases:
+        assert main(arguments) == code, arguments
+        error = capsys.readouterr().err
+        assert "larger than the maximum of" in error and "Traceback" not in error, arguments
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"v" * (64 << 10 | 1))))
+    assert main(["kv", "put", "k", "-", *unreachable]) == 1
+    error = capsys.readouterr().err
+    # Refused before any request: the cluster is unreachable, and that is not what it says.
+    assert error.startswith("xr: limit.payload_too_large: the value on stdin is larger than")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"t" * (65 << 10))))
+    assert main(["token", "hash"]) == 2
+    assert "the token on stdin is larger than the maximum of" in capsys.readouterr().err
+
+
+def test_files__a_token_table_or_a_certificate_past_the_bound__is_refused(tmp_path: Path) -> None:
+    from node.api.auth import TokensFileError, load_tokens_file
+    from node.config import ConfigError
+    from node.tls import _read
+
+    big = tmp_path / "big"
+    big.write_text("# " + "a" * (1 << 20) + "\n")
+    with pytest.raises(TokensFileError, match="larger than the maximum of"):
+        load_tokens_file(big)
+    with pytest.raises(ConfigError, match="larger than the maximum of"):
+        _read("tls.cert_file", str(big))
+
+
 def test_lock_run__a_missing_command_exits_127_before_taking_the_lock(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
