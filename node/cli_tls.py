@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import click
 
 from node.cli_common import EXIT_USAGE, CommandFailed
+from node.files import CONFIG_BYTES_MAX, read_bounded
 
 # cryptography is imported where it is used, so `xr`'s other commands start without it.
 if TYPE_CHECKING:
@@ -223,8 +224,8 @@ def _load_ca(cert_path: Path, key_path: Path) -> tuple[EllipticCurvePrivateKey, 
     from cryptography.hazmat.primitives.asymmetric import ec
 
     try:
-        certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
-        key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+        certificate = x509.load_pem_x509_certificate(read_bounded(cert_path, CONFIG_BYTES_MAX))
+        key = serialization.load_pem_private_key(read_bounded(key_path, CONFIG_BYTES_MAX), None)
     except (OSError, ValueError, TypeError) as error:
         raise ValueError(f"the CA in {cert_path.parent} cannot be reused: {error}") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from node.files import CONFIG_BYTES_MAX, read_bounded
 from node.localcluster import HOST, LocalCluster, LocalNode, free_ports, prepare_directory
 
 __all__ = ["STATE_FILE", "UpError", "UpOptions", "plan_ports", "run_up"]
@@ -105,7 +106,7 @@ def _check_settings(
 def _read_state(base_dir: Path, region_names: list[str]) -> dict[str, Any] | None:
     path = base_dir / STATE_FILE
     try:
-        state = json.loads(path.read_text())
+        state = json.loads(read_bounded(path, CONFIG_BYTES_MAX))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:

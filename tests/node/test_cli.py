@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from node.cli import main, xr
 from node.cli_common import ClientOptions, FiniteFloatRange, resolve_settings, table
+from node.up import UpError, _read_state
 
 pytestmark = pytest.mark.integration
 
@@ -368,8 +369,10 @@ def test_files_and_stdin__past_their_bound__are_refused_by_name(
 
 def test_files__a_token_table_or_a_certificate_past_the_bound__is_refused(tmp_path: Path) -> None:
     from node.api.auth import TokensFileError, load_tokens_file
+    from node.cli_tls import _load_ca
     from node.config import ConfigError
     from node.tls import _read
+    from xrcore.client._transport import tls_context
 
     big = tmp_path / "big"
     big.write_text("# " + "a" * (1 << 20) + "\n")
@@ -377,6 +380,18 @@ def test_files__a_token_table_or_a_certificate_past_the_bound__is_refused(tmp_pa
         load_tokens_file(big)
     with pytest.raises(ConfigError, match="larger than the maximum of"):
         _read("tls.cert_file", str(big))
+    # The client library's own TLS files, and a CA that `xr tls` would reuse.
+    with pytest.raises(ValueError, match=r"ca_file .* larger than the maximum of"):
+        tls_context(ca_file=str(big))
+    (tmp_path / "ca.pem").write_bytes(big.read_bytes())
+    with pytest.raises(ValueError, match="larger than the maximum of"):
+        _load_ca(tmp_path / "ca.pem", tmp_path / "ca-key.pem")
+
+
+def test_up__a_state_file_past_the_bound__is_refused(tmp_path: Path) -> None:
+    (tmp_path / "xr-up.json").write_text(" " * (1 << 20) + "{}")
+    with pytest.raises(UpError, match="larger than the maximum of"):
+        _read_state(tmp_path, ["r0"])
 
 
 def test_lock_run__a_missing_command_exits_127_before_taking_the_lock(

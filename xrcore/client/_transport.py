@@ -186,12 +186,22 @@ def tls_context(
     return context
 
 
+# A PEM file of certificates or a key; more is not one (a path to /dev/zero would be read until
+# the process runs out of memory).
+_PEM_BYTES_MAX = 1 << 20
+
+
 def _read(name: str, path: str) -> bytes:
     try:
         with open(path, "rb") as file:
-            return file.read()
+            data = file.read(_PEM_BYTES_MAX + 1)
     except OSError as error:
         raise ValueError(f"{name} {path!r}: cannot read it: {error.strerror}") from None
+    if len(data) > _PEM_BYTES_MAX:
+        raise ValueError(
+            f"{name} {path!r}: cannot read it: larger than the maximum of {_PEM_BYTES_MAX} bytes"
+        )
+    return data
 
 
 @dataclass(frozen=True, kw_only=True)
