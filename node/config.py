@@ -122,6 +122,10 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # Server-Sent Event streams open at once.
     streams_max: int = 200
     request_timeout_s: float = 10.0
+    # A connection with no request being handled is closed after this long without one: idle
+    # between requests, or still sending its request's headers (a slow client holding a
+    # connection open byte by byte). aiohttp's own default is about an hour.
+    idle_timeout_s: float = 75.0
     # Seconds to finish in-flight requests on SIGTERM before closing.
     shutdown_grace_s: float = 10.0
 
@@ -544,6 +548,7 @@ def _check_http(http: HttpConfig) -> None:
         "requests_in_flight_max",
         "streams_max",
         "request_timeout_s",
+        "idle_timeout_s",
         "shutdown_grace_s",
     ):
         _check_positive(f"http.{name}", getattr(http, name))

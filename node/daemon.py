@@ -113,6 +113,9 @@ class Node:
             access_log=None,
             handler_cancellation=True,
             shutdown_timeout=self.config.http.shutdown_grace_s,
+            # Counted from the connection's start and from each answer; a request being
+            # handled (a long poll, a stream) is never cut by it.
+            keepalive_timeout=self.config.http.idle_timeout_s,
             # aiohttp's default of 8,190 bytes refused request lines the API document allows
             # (long names and query values, each character up to 12 bytes percent-encoded;
             # found by tests/node/test_schemathesis.py).

@@ -134,6 +134,26 @@ def test_a_node_whose_raft_port_is_taken_exits_with_a_message(tmp_path: Path) ->
     )
 
 
+def test_a_connection_that_never_finishes_its_headers_is_closed(tmp_path: Path) -> None:
+    """A client that connects and sends its headers a byte at a time, or none at all, held a
+    connection (a file descriptor) for about an hour (aiohttp's default); many such clients
+    could take every descriptor the node has. `http.idle_timeout_s` closes them."""
+    local = LocalCluster(tmp_path, size=1, settings={"http.idle_timeout_s": "1"})
+    local.start()
+    try:
+        node = local.nodes[0]
+        with socket.create_connection((node.host, node.http_port), timeout=WAIT_S) as slow:
+            slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            # Blocks until the node closes the connection; the socket's timeout (30 s) would
+            # raise instead, as with aiohttp's default of about an hour.
+            assert slow.recv(1) == b""
+        # Requests are answered as before.
+        status, _ = _call(f"{node.url}/healthz")
+        assert status == 200
+    finally:
+        local.kill()
+
+
 def test_json_logs_carry_the_request_id_and_route() -> None:
     import logging
 
