@@ -126,6 +126,10 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # between requests, or still sending its request's headers (a slow client holding a
     # connection open byte by byte). aiohttp's own default is about an hour.
     idle_timeout_s: float = 75.0
+    # Connections open at once; beyond it a new one is answered 429 and closed
+    # (`node.api.connections`). 0: the descriptor limit (raised toward the hard limit, up to
+    # 65,536) less what the rest of the node needs.
+    connections_max: int = 0
     # Seconds to finish in-flight requests on SIGTERM before closing.
     shutdown_grace_s: float = 10.0
 
@@ -552,6 +556,11 @@ def _check_http(http: HttpConfig) -> None:
         "shutdown_grace_s",
     ):
         _check_positive(f"http.{name}", getattr(http, name))
+    if http.connections_max < 0:
+        raise ConfigError(
+            f"setting http.connections_max: must be 0 (from the descriptor limit) or positive "
+            f"(got {http.connections_max})"
+        )
 
 
 def _check_tls(tls: TlsConfig) -> None:

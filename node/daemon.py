@@ -29,6 +29,7 @@ from aiohttp import web
 
 from node.api.app import SERVICES, create_app
 from node.api.cluster import FORWARD_SSL_CONTEXT
+from node.api.connections import CappedAppRunner, connections_bound
 from node.config import ConfigError, NodeConfig
 from node.executor.executor import Executor
 from node.executor.inventory import detect as detect_inventory
@@ -108,8 +109,9 @@ class Node:
     async def start(self) -> None:
         log_raft_security(self.config)
         await self.store.start()
-        self.runner = web.AppRunner(
+        self.runner = CappedAppRunner(
             self.app,
+            connections_max=connections_bound(self.config.http.connections_max),
             access_log=None,
             handler_cancellation=True,
             shutdown_timeout=self.config.http.shutdown_grace_s,

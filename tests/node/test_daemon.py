@@ -154,6 +154,34 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(tmp_path: Path) 
         local.kill()
 
 
+def test_connections_past_the_bound_are_answered_429_and_closed(tmp_path: Path) -> None:
+    """Connections were not bounded: clients holding many could take every descriptor the
+    process may have, and the node (Raft included) would stop working."""
+    connections_max = 4
+    local = LocalCluster(tmp_path, size=1, settings={"http.connections_max": str(connections_max)})
+    local.start()
+    held: list[socket.socket] = []
+    try:
+        node = local.nodes[0]
+        address = (node.host, node.http_port)
+        held = [socket.create_connection(address, timeout=WAIT_S) for _ in range(connections_max)]
+        with socket.create_connection(address, timeout=WAIT_S) as refused:
+            answer = b""
+            while chunk := refused.recv(4096):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 429 ") and b"Retry-After: 1" in head
+        assert json.loads(body)["error"]["code"] == "limit.capacity"
+        for connection in held:
+            connection.close()
+        held = []
+        _eventually(lambda: _call(f"{node.url}/healthz")[0] == 200, "a connection is taken again")
+    finally:
+        for connection in held:
+            connection.close()
+        local.kill()
+
+
 def test_json_logs_carry_the_request_id_and_route() -> None:
     import logging
 
