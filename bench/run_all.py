@@ -93,6 +93,12 @@ BENCHMARKS = (
         "a bare asyncio protocol answering the same puts, alternating in the same run",
     ),
     Benchmark(
+        "sync_cost",
+        ("bench/sync_cost.py",),
+        120,
+        "os.fdatasync in line, alternating in the same run (io_uring only with liburing installed)",
+    ),
+    Benchmark(
         "failover",
         ("bench/failover.py", "--trials", "3"),
         240,

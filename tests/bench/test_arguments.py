@@ -44,6 +44,9 @@ from tests.bench._script import ROOT, run_script
         ("scheduler.py", ["--hours", "nan"]),
         ("scheduler.py", ["--load", "inf"]),
         ("scheduler.py", ["--jobs", "-1"]),
+        ("sync_cost.py", ["--syncs", "0"]),
+        ("sync_cost.py", ["--rounds", "-1"]),
+        ("sync_cost.py", ["--dir", "no/such/directory"]),
     ],
 )
 def test_a_bad_argument_is_a_usage_error_before_any_work(script: str, arguments: list[str]) -> None:
