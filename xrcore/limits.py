@@ -20,6 +20,7 @@ __all__ = [
     "GPUS_PER_REGION_MAX",
     "GPUS_PER_TASK_MAX",
     "JOB_ARGS_BYTES_MAX",
+    "JOB_ID_BYTES_MAX",
     "JOB_RESULT_BYTES_MAX",
     "KEY_BYTES_MAX",
     "LABELS_MAX",
@@ -45,6 +46,8 @@ KEY_BYTES_MAX = 1024
 VALUE_BYTES_MAX = 64 * 1024
 MESSAGE_BYTES_MAX = 4096
 URI_BYTES_MAX = 2048
+# A job id in an API path or query (ids are made by the state machine, far shorter).
+JOB_ID_BYTES_MAX = 64
 LABELS_MAX = 32
 LABEL_VALUE_BYTES_MAX = 256
 LIST_ITEMS_MAX = 64

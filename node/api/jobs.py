@@ -23,7 +23,7 @@ from node.api.wire import (
 from xrcore import jobs
 from xrcore.commands import JobCancel, JobSpec, JobSubmit
 from xrcore.errors import InvalidArgument, NotFound
-from xrcore.limits import MESSAGE_BYTES_MAX, RANGE_LIMIT_MAX
+from xrcore.limits import JOB_ID_BYTES_MAX, MESSAGE_BYTES_MAX, RANGE_LIMIT_MAX
 from xrcore.model import TaskState
 
 __all__ = ["JOB_STATES", "routes"]
@@ -55,8 +55,8 @@ def _spec(body: dict[str, Any], caller: Principal) -> JobSpec:
 
 def _job_id(request: web.Request) -> str:
     job_id = request.match_info["job_id"]
-    if len(job_id) > 64:
-        raise InvalidArgument("the job id is longer than 64 characters")
+    if len(job_id) > JOB_ID_BYTES_MAX:
+        raise InvalidArgument(f"the job id is longer than {JOB_ID_BYTES_MAX} characters")
     return job_id
 
 
@@ -81,7 +81,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise InvalidArgument(f"state must be one of {', '.join(JOB_STATES)}, not {state!r}")
     limit = query_int(request, "limit", default=100, low=1, high=RANGE_LIMIT_MAX)
     assert limit is not None
-    after = query_text(request, "after", maximum_bytes=64)
+    after = query_text(request, "after", maximum_bytes=JOB_ID_BYTES_MAX)
     result = await read(
         request,
         lambda machine: jobs.list_(

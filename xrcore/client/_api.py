@@ -68,6 +68,7 @@ from xrcore.errors import (
 from xrcore.kv import REVISION_MAX
 from xrcore.limits import (
     ARRAY_SIZE_MAX,
+    JOB_ID_BYTES_MAX,
     KEY_BYTES_MAX,
     MESSAGE_BYTES_MAX,
     SESSION_TTL_MAX_MS,
@@ -95,8 +96,6 @@ POLL_S = 20.0
 PAGE_LIMIT = 100
 
 
-# Job ids in the path and in `jobs.list(after=...)` are at most this long (node/api/jobs.py).
-_JOB_ID_BYTES_MAX = 64
 _CONSISTENCIES = ("linearizable", "stale")
 
 
@@ -482,7 +481,7 @@ class AsyncJobs:
             query["state"] = check_name_argument("state", state)
         if after is not None:
             query["after"] = check_name_argument("after", after)
-            check_bytes("after", after, _JOB_ID_BYTES_MAX)
+            check_bytes("after", after, JOB_ID_BYTES_MAX)
         document = await self._transport.call("GET", "/v1/jobs", query=query)
         return convert(document, JobPage)
 
@@ -642,7 +641,7 @@ def _lock_path(name: str) -> str:
 
 def _job_path(job_id: str) -> str:
     path = f"/v1/jobs/{_segment('job_id', job_id)}"
-    check_bytes("job_id", job_id, _JOB_ID_BYTES_MAX)
+    check_bytes("job_id", job_id, JOB_ID_BYTES_MAX)
     return path
 
 
