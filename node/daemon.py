@@ -123,6 +123,7 @@ class Node:
             # found by tests/node/test_schemathesis.py).
             max_line_size=16_384,
         )
+        self.app[SERVICES].metrics.connections = self.runner
         await self.runner.setup()
         host, _, port = self.config.http.address.rpartition(":")
         site = web.TCPSite(

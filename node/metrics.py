@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
@@ -226,6 +226,44 @@ class _StoreCollector(Collector):
         yield from families.values()
 
 
+class ConnectionsSource(Protocol):
+    """What the API's connection bound reports (`node.api.connections.CappedAppRunner`)."""
+
+    connections_max: int
+    connections_refused: int
+
+    def connections_open(self) -> int: ...
+
+
+class _ConnectionsCollector(Collector):
+    """The API's connections, read from the runner when scraped (0 until one is attached)."""
+
+    def __init__(self, metrics: NodeMetrics) -> None:
+        self.metrics = metrics
+        self.created_s = time.time()
+
+    def collect(self) -> Iterator[Any]:
+        source = self.metrics.connections
+        yield GaugeMetricFamily(
+            "xr_http_connections",
+            "HTTP API connections open now (bounded by xr_http_connections_max).",
+            value=source.connections_open() if source else 0,
+        )
+        yield GaugeMetricFamily(
+            "xr_http_connections_max",
+            "The bound on open HTTP API connections (http.connections_max, or from the "
+            "descriptor limit).",
+            value=source.connections_max if source else 0,
+        )
+        yield CounterMetricFamily(
+            "xr_http_connections_refused",
+            "HTTP API connections refused at the bound (answered 429 limit.capacity and closed "
+            "before any request was read, so not in xr_http_requests).",
+            value=source.connections_refused if source else 0,
+            created=self.created_s,
+        )
+
+
 class NodeMetrics:
     def __init__(self, store: RaftStore, region: str) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -259,6 +297,9 @@ class NodeMetrics:
             registry=self.registry,
         )
         self.registry.register(_StoreCollector(store, region))
+        # Set by the daemon once its HTTP runner exists.
+        self.connections: ConnectionsSource | None = None
+        self.registry.register(_ConnectionsCollector(self))
 
     def observe(self, route: str, method: str, status: int, duration_s: float) -> None:
         self.requests.labels(route, method, str(status)).inc()

@@ -28,7 +28,13 @@ from aiohttp.web_server import Server
 
 from xrcore.errors import CapacityExceeded
 
-__all__ = ["DESCRIPTORS_RESERVED", "DESCRIPTORS_WANTED", "CappedAppRunner", "connections_bound"]
+__all__ = [
+    "DESCRIPTORS_RESERVED",
+    "DESCRIPTORS_WANTED",
+    "CappedAppRunner",
+    "connections_bound",
+    "open_connections",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,33 +73,51 @@ class _Refusal(asyncio.Protocol):
         transport.close()
 
 
+def open_connections(server: Server) -> int:
+    """How many connections `server` holds. aiohttp's public `connections` copies its table into
+    a new list on every call, which at tens of thousands of connections would make each accept
+    cost a copy of them all; the table's length is read instead where aiohttp has it."""
+    table = getattr(server, "_connections", None)
+    if isinstance(table, dict):
+        return len(table)
+    return len(server.connections)
+
+
 class _CappedFactory:
     """The protocol factory the sites use: aiohttp's server while it has fewer than
-    `connections_max` connections, a refusal beyond."""
+    `connections_max` connections, a refusal beyond (counted in the runner)."""
 
-    def __init__(self, server: Server, connections_max: int) -> None:
+    def __init__(self, server: Server, runner: CappedAppRunner) -> None:
         self._server = server
-        self._connections_max = connections_max
-        self._answer = _refusal(connections_max)
+        self._runner = runner
+        self._answer = _refusal(runner.connections_max)
 
     def __call__(self) -> asyncio.Protocol:
-        if len(self._server.connections) >= self._connections_max:
+        if open_connections(self._server) >= self._runner.connections_max:
+            self._runner.connections_refused += 1
             return _Refusal(self._answer)
         protocol: asyncio.Protocol = self._server()
         return protocol
 
 
 class CappedAppRunner(web.AppRunner):
-    """An AppRunner whose sites accept at most `connections_max` connections at once."""
+    """An AppRunner whose sites accept at most `connections_max` connections at once. It counts
+    the connections it refused (`connections_refused`) for the node's metrics."""
 
     def __init__(self, app: web.Application, *, connections_max: int, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._connections_max = connections_max
+        self.connections_max = connections_max
+        self.connections_refused = 0
 
     @property
     def server(self) -> Any:
         server = super().server
-        return None if server is None else _CappedFactory(server, self._connections_max)
+        return None if server is None else _CappedFactory(server, self)
+
+    def connections_open(self) -> int:
+        """The API connections open now (0 before `setup`)."""
+        server = super().server
+        return 0 if server is None else open_connections(server)
 
 
 def connections_bound(configured: int) -> int:

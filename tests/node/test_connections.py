@@ -3,6 +3,7 @@ bound itself is tested on a real node in tests/node/test_daemon.py."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import resource
 
@@ -78,3 +79,58 @@ def test_a_refused_raise_is_warned_about(
         assert connections_bound(4_096) == 4_096
     assert "could not raise the descriptor limit from 1024 to 5120" in caplog.text
     assert "fewer than http.connections_max (4096)" in caplog.text
+
+
+class CountingServer:
+    """Stands in for aiohttp's `web_server.Server`: a connection table, and a `connections`
+    that counts how often it is called (aiohttp's copies the table into a list each time)."""
+
+    def __init__(self, open_now: int) -> None:
+        self._connections = {object(): object() for _ in range(open_now)}
+        self.copies = 0
+
+    @property
+    def connections(self) -> list[object]:
+        self.copies += 1
+        return list(self._connections)
+
+
+def test_open_connections_reads_the_table_without_copying_it() -> None:
+    server = CountingServer(3)
+    assert connections.open_connections(server) == 3  # type: ignore[arg-type]
+    assert server.copies == 0
+
+
+def test_open_connections_falls_back_to_the_public_list() -> None:
+    class Listed:
+        connections = [object(), object()]
+
+    assert connections.open_connections(Listed()) == 2  # type: ignore[arg-type]
+
+
+def test_the_runner_counts_its_connections_and_refusals() -> None:
+    asyncio.run(_runner_counts())
+
+
+async def _runner_counts() -> None:
+    from aiohttp import web
+
+    runner = connections.CappedAppRunner(web.Application(), connections_max=2)
+    assert runner.connections_open() == 0
+    await runner.setup()
+    try:
+        server = runner.server
+        first, second = server(), server()
+        assert not isinstance(first, connections._Refusal)
+        # aiohttp's server adds a connection to its table when the connection is made.
+        table = super(connections.CappedAppRunner, runner).server._connections
+        table[first], table[second] = object(), object()
+        assert runner.connections_open() == 2
+        assert isinstance(server(), connections._Refusal)
+        assert isinstance(server(), connections._Refusal)
+        assert runner.connections_refused == 2
+        del table[first]
+        assert not isinstance(server(), connections._Refusal)
+        assert runner.connections_refused == 2
+    finally:
+        await runner.cleanup()

@@ -176,6 +176,17 @@ def test_connections_past_the_bound_are_answered_429_and_closed(tmp_path: Path) 
             connection.close()
         held = []
         _eventually(lambda: _call(f"{node.url}/healthz")[0] == 200, "a connection is taken again")
+        # The refusal is counted, with the bound, where operators look.
+        with urllib.request.urlopen(f"{node.url}/metrics", timeout=WAIT_S) as response:
+            metrics = response.read().decode()
+        samples = dict(
+            line.split(" ", 1) for line in metrics.splitlines() if line.startswith("xr_http_conn")
+        )
+        # At least the one above; a health check made before the node saw the others close
+        # may have been refused too.
+        assert float(samples["xr_http_connections_refused_total"]) >= 1.0, samples
+        assert samples["xr_http_connections_max"] == f"{float(connections_max)}"
+        assert samples["xr_http_connections"] == "1.0"
     finally:
         for connection in held:
             connection.close()
