@@ -13,6 +13,7 @@ import asyncio
 import base64
 import json
 import os
+import stat
 from pathlib import Path
 
 import click
@@ -94,6 +95,25 @@ def snapshot_save(file: Path) -> int:
     return 0
 
 
+def _read_backup(file: Path) -> bytes:
+    """The bytes of a backup file. Only a regular file is read: a pipe or a device (`/dev/zero`)
+    would block or never end, and the whole file is held in memory to check its checksum."""
+    try:
+        status = file.stat()
+        if not stat.S_ISREG(status.st_mode):
+            raise InvalidArgument(
+                "not a regular file (a backup is a file that `xr snapshot save` wrote)"
+            )
+        with file.open("rb") as stream:
+            return stream.read()
+    except OSError as error:
+        raise InvalidArgument(f"cannot read it: {error.strerror}") from None
+    except MemoryError:
+        raise InvalidArgument(
+            f"too large to read into this process's memory ({status.st_size} bytes)"
+        ) from None
+
+
 @snapshot.command("restore")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
@@ -131,7 +151,7 @@ def snapshot_restore(
     except InvalidArgument as error:
         raise click.UsageError(error.message) from None
     try:
-        backup = decode_backup(file.read_bytes())
+        backup = decode_backup(_read_backup(file))
     except InvalidArgument as error:
         raise CommandFailed("snapshot.invalid", f"{file}: {error.message}") from None
     try:

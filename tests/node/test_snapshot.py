@@ -12,6 +12,8 @@ import contextlib
 import hashlib
 import io
 import json
+import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +130,58 @@ def test_restore__refuses_a_corrupt_file_and_writes_nothing(tmp_path: Path) -> N
     assert result.exit_code == 1
     assert "snapshot.invalid" in result.output and "corrupt" in result.output
     assert not (data_dir / "raft").exists()
+
+
+def test_restore__refuses_a_pipe_without_reading_it(tmp_path: Path) -> None:
+    # A pipe (or a device such as /dev/zero) would block, or never end: only a regular file is
+    # read. Here a writer stands ready with a whole backup, which the restore must not take.
+    fifo = tmp_path / "backup.pipe"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with contextlib.suppress(BrokenPipeError):
+            fifo.write_bytes(_backup())
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    data_dir = tmp_path / "node"
+    try:
+        result = _run(
+            "snapshot", "restore", str(fifo), "--data-dir", str(data_dir),
+            "--raft-address", "127.0.0.1:7001",
+        )  # fmt: skip
+    finally:
+        # Let the writer finish: a reader that opens the pipe and closes it.
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(timeout=5)
+    assert result.exit_code == 1
+    assert "snapshot.invalid" in result.output and "not a regular file" in result.output
+    assert not (data_dir / "raft").exists()
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (PermissionError(13, "Permission denied"), "cannot read it: Permission denied"),
+        (MemoryError(), "too large to read into this process's memory"),
+    ],
+)
+def test_restore__a_file_that_cannot_be_read_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException, said: str
+) -> None:
+    file = tmp_path / "backup.xr"
+    file.write_bytes(_backup())
+
+    def refuse(self: Path, *arguments: Any, **keywords: Any) -> Any:
+        raise failure
+
+    monkeypatch.setattr(Path, "open", refuse)
+    result = _run(
+        "snapshot", "restore", str(file), "--data-dir", str(tmp_path / "node"),
+        "--raft-address", "127.0.0.1:7001",
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "snapshot.invalid" in result.output and said in result.output
 
 
 # Two real clusters.
