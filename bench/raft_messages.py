@@ -15,11 +15,13 @@ at each window's start and end; `fsync` mode only).
 
 `--sync-stand-in KIND:SECONDS` (with `--durability fsync`) changes this tree's nodes only, to
 tell what fsync mode's cost is made of, against the revision's real syncs in the same run:
-`sleep` replaces the journal's `fdatasync` by a blocking sleep of SECONDS (the wait without the
-disk), and `hold` replaces the sync by a non-blocking hold: the messages that would wait for it
-are released SECONDS later by a timer on the node's event loop, which goes on meanwhile (the most
-a sync moved off the loop could gain; the leader counts itself toward commits at once, and no
-sync is counted). Both lose durability: measurement only, in the benchmark's own nodes.
+`none` replaces the journal's `fdatasync` by a call that does nothing (everything else of fsync
+mode kept: the outbox, its ordering, the syncs counted), `sleep` by a blocking sleep of SECONDS
+(the wait without the disk), and `hold` replaces the sync by a non-blocking hold: the messages
+that would wait for it are released SECONDS later by a timer on the node's event loop, which
+goes on meanwhile (the most a sync moved off the loop could gain; the leader counts itself
+toward commits at once, and no sync is counted). All three lose durability: measurement only,
+in the benchmark's own nodes.
 
 `--disk-latency SECONDS` (with `--durability fsync`) stands for a slower disk on both sides:
 every journal sync sleeps SECONDS after its `fdatasync`, in the process that syncs (the node, or
@@ -133,7 +135,9 @@ if stand_in and tree:
         seconds = float(seconds_text)
         # The stand-ins replace a sync on the loop: none runs off it.
         replica.Replica.sync_off_the_loop = lambda *args, **kwargs: None
-        if kind == "sleep":
+        if kind == "none":
+            replica.journal_file_sync = lambda descriptor: None
+        elif kind == "sleep":
             replica.journal_file_sync = lambda descriptor: time.sleep(seconds)
         else:
             def flush(outbox):
@@ -401,6 +405,8 @@ def _positive(kind: type[float] | type[int]) -> Callable[[str], Any]:
 
 
 def _stand_in(text: str) -> str:
+    if text == "none":
+        return "none:0"
     kind, _, seconds_text = text.partition(":")
     try:
         seconds = float(seconds_text)
@@ -408,7 +414,8 @@ def _stand_in(text: str) -> str:
         seconds = math.nan
     if kind not in STAND_IN_KINDS or not 0 < seconds <= STAND_IN_SECONDS_MAX:
         raise argparse.ArgumentTypeError(
-            f"give sleep:SECONDS or hold:SECONDS, with 0 < SECONDS <= {STAND_IN_SECONDS_MAX:g}: "
+            f"give none, sleep:SECONDS or hold:SECONDS, with 0 < SECONDS <= "
+            f"{STAND_IN_SECONDS_MAX:g}: "
             f"{text!r}"
         )
     return f"{kind}:{seconds!r}"
@@ -428,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sync-stand-in",
         type=_stand_in,
         metavar="KIND:SECONDS",
-        help="this tree's nodes replace the journal sync: sleep:S (blocking) or hold:S",
+        help="this tree's nodes replace the journal sync: none, sleep:S (blocking) or hold:S",
     )
     parser.add_argument(
         "--disk-latency",

@@ -70,9 +70,10 @@ def test_a_sync_stand_in_changes_only_this_trees_nodes() -> None:
 
 
 def test_a_bad_sync_stand_in_is_refused_without_a_traceback() -> None:
-    for text in ("nap:0.001", "sleep:0", "hold:nan", "sleep:2", "sleep"):
+    for text in ("nap:0.001", "sleep:0", "hold:nan", "sleep:2", "sleep", "none:1", "nonesuch"):
         ran = _run("--sync-stand-in", text)
-        assert ran.returncode == 2 and "give sleep:SECONDS or hold:SECONDS" in ran.stderr, text
+        assert ran.returncode == 2, text
+        assert "give none, sleep:SECONDS or hold:SECONDS" in ran.stderr, text
     ran = _run("--durability", "write", "--sync-stand-in", "sleep:0.001")
     assert ran.returncode == 2 and "needs --durability fsync" in ran.stderr
     assert "Traceback" not in ran.stderr
