@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from typing import Any
 
 import pytest
 
@@ -123,7 +124,8 @@ async def _runner_counts() -> None:
         first, second = server(), server()
         assert not isinstance(first, connections._Refusal)
         # aiohttp's server adds a connection to its table when the connection is made.
-        table = super(connections.CappedAppRunner, runner).server._connections
+        inner: Any = super(connections.CappedAppRunner, runner).server
+        table: dict[Any, Any] = inner._connections
         table[first], table[second] = object(), object()
         assert runner.connections_open() == 2
         assert isinstance(server(), connections._Refusal)
