@@ -160,12 +160,8 @@ def node_run(config_path: str | None, settings: dict[str, str], check: bool, **f
         click.echo(f"xr node run: invalid configuration: {error}", err=True)
         return EXIT_USAGE
     if check:
-        # Load the TLS files too, so a bad certificate shows here rather than at start.
-        from node.tls import client_context, server_context
-
         try:
-            server_context(config.tls)
-            client_context(config.tls)
+            _check_files(config)
         except ConfigError as error:
             click.echo(f"xr node run: invalid configuration: {error}", err=True)
             return EXIT_USAGE
@@ -175,6 +171,29 @@ def node_run(config_path: str | None, settings: dict[str, str], check: bool, **f
     from node.daemon import run
 
     return run(config)
+
+
+def _check_files(config: NodeConfig) -> None:
+    """What `run` reads or writes at start besides the configuration, checked without starting:
+    the TLS files, the tokens file, the audit log's path and the data directory, so that a bad
+    one shows in `--check` rather than at start (`ConfigError`)."""
+    from node.api.audit import check_audit_path
+    from node.api.auth import Authenticator
+    from node.config import ConfigError
+    from node.tls import client_context, server_context
+
+    server_context(config.tls)
+    client_context(config.tls)
+    Authenticator(config.auth)
+    if config.data_dir.exists() and not config.data_dir.is_dir():
+        raise ConfigError(f"setting data_dir: {config.data_dir}: not a directory")
+    if config.audit.enabled:
+        try:
+            check_audit_path(config.audit_path)
+        except OSError as error:
+            raise ConfigError(
+                f"setting audit.path: {config.audit_path}: {error.strerror}"
+            ) from None
 
 
 def effective_settings(config: NodeConfig, path: Path | None) -> list[tuple[str, str, str]]:

@@ -3,7 +3,8 @@ certificates, and a value piped to `xr kv put KEY -`.
 
 Each is read up to a bound and refused past it, so that a path to a device that never ends
 (`/dev/zero`, `/dev/urandom`) or a file far larger than any such file is refused at once,
-instead of being read into memory until the process runs out of it.
+instead of being read into memory until the process runs out of it; and a named pipe that
+nobody writes to reads as empty instead of waiting for a writer forever.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ __all__ = [
     "CONFIG_BYTES_MAX",
     "SECRET_BYTES_MAX",
     "TooLarge",
+    "open_to_read",
     "read_bounded",
     "read_stream_bounded",
     "read_text_bounded",
@@ -37,8 +39,22 @@ class TooLarge(OSError):
 
 def read_bounded(path: str | os.PathLike[str], limit: int) -> bytes:
     """The bytes of `path`, reading at most `limit` + 1 of them; `TooLarge` past `limit`."""
-    with open(path, "rb") as file:
+    with open_to_read(path) as file:
         return read_stream_bounded(file, limit)
+
+
+def open_to_read(path: str | os.PathLike[str]) -> BinaryIO:
+    """`path` opened to read in binary, without waiting for a writer: a named pipe that nobody
+    writes to reads as empty at once, where a plain `open` would wait for a writer forever. A
+    pipe with a writer (a shell's `<(command)`) is read as usual, to its end."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        # Only the open must not wait: reads wait for the data as usual.
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
 
 
 def read_stream_bounded(stream: BinaryIO, limit: int) -> bytes:

@@ -28,7 +28,9 @@ flushed on the event loop (a few microseconds; see docs/authorization.md). An er
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 import time
 from logging.handlers import RotatingFileHandler
@@ -107,11 +109,28 @@ class _RotatingFile(RotatingFileHandler):
         self.stream = self._open()
 
 
+def check_audit_path(path: Path) -> None:
+    """Refuses (`OSError`, saying why) an audit log path that names something other than a
+    regular file: the log is rotated by renaming it, which would move a device such as
+    /dev/null away, and a named pipe would stop the node at its first line until a reader came."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise OSError(
+            errno.EINVAL,
+            "not a regular file (the audit log is rotated by renaming it; name a file of its own)",
+            str(path),
+        )
+
+
 class AuditLog:
     def __init__(self, path: Path, *, bytes_max: int, files_max: int, clock: Clock) -> None:
         assert files_max >= 1, files_max
         # Opened now, not at the first write, so a node that cannot write its audit log does
         # not start (`OSError` from the application's start).
+        check_audit_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._clock = clock

@@ -901,3 +901,87 @@ def test_up__ctrl_c_stops_every_node_and_exits_zero(up: UpProcess) -> None:
             os.kill(pid, 0)
     assert _processes_under(up.base_dir) == []
     assert (up.base_dir / "r0.log").exists()
+
+
+def _read_in_time(fifo: Path, read: Callable[[], Any]) -> Any:
+    """`read()` of a named pipe that nobody writes to, in a thread: what it returned. A read that
+    waits for a writer fails the test (after a writer is let in to end the wait)."""
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("value", read()), daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY))
+        thread.join(timeout=10)
+        pytest.fail("the read waited for a writer on the named pipe")
+    return outcome["value"]
+
+
+def test_files__a_named_pipe_nobody_writes_to_reads_as_empty_at_once(tmp_path: Path) -> None:
+    """A path to a named pipe (a FIFO) that nobody writes to made every configuration, token,
+    secret and certificate reader wait for a writer forever, `xr` and `xr node run` alike; it
+    now reads as empty at once, which each reader refuses as it refuses an empty file."""
+    from node.files import CONFIG_BYTES_MAX, read_bounded
+    from xrcore.client._transport import _read
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert _read_in_time(fifo, lambda: read_bounded(fifo, CONFIG_BYTES_MAX)) == b""
+    assert _read_in_time(fifo, lambda: _read("ca_file", str(fifo))) == b""
+
+
+def test_files__a_pipe_with_a_writer_is_read_to_its_end(tmp_path: Path) -> None:
+    # A shell's `--token-file <(command)`: a pipe whose writer is there and writes later.
+    from node.files import SECRET_BYTES_MAX, read_bounded
+
+    reader, writer = os.pipe()
+    path = f"/proc/self/fd/{reader}"
+
+    def write_late() -> None:
+        time.sleep(0.05)
+        os.write(writer, b"a-token\n")
+        os.close(writer)
+
+    threading.Thread(target=write_late, daemon=True).start()
+    try:
+        assert read_bounded(path, SECRET_BYTES_MAX) == b"a-token\n"
+    finally:
+        os.close(reader)
+
+
+def test_node_run__check_reads_the_tokens_file_and_checks_the_paths_it_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--check` said "configuration is valid" for a tokens file that did not exist, an audit
+    log path naming a device or a directory, and a data directory that was a file, all of
+    which `run` then refused (or, for a device, rotated it away)."""
+    node = ["node", "run", "--check", "--region", "a", "--raft-address", "127.0.0.1:7001"]
+    data_dir = tmp_path / "data"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    device = tmp_path / "null"
+    device.symlink_to("/dev/null")
+    cases = [
+        (["--set", f"auth.tokens_file={tmp_path / 'nope'}"], "setting auth.tokens_file"),
+        (["--set", f"audit.path={device}"], "setting audit.path: " + str(device)),
+        (["--set", f"audit.path={tmp_path}"], "not a regular file"),
+        (["--data-dir", str(a_file)], "setting data_dir: " + str(a_file)),
+    ]
+    for extra, said in cases:
+        arguments = [*node, "--data-dir", str(data_dir), *extra]
+        assert main(arguments) == 2, extra
+        error = capsys.readouterr().err
+        assert error.startswith("xr node run: invalid configuration: ") and said in error, error
+    assert main([*node, "--data-dir", str(data_dir)]) == 0
+
+
+def test_audit_log__a_path_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    # Rotation renames the log: with a device as the path it would move the device away.
+    from node.api.audit import AuditLog
+    from raftstore.clock import RealClock
+
+    device = tmp_path / "null"
+    device.symlink_to("/dev/null")
+    with pytest.raises(OSError, match="not a regular file"):
+        AuditLog(device, bytes_max=4096, files_max=2, clock=RealClock())
+    assert os.path.exists("/dev/null") and not (tmp_path / "null.1").exists()

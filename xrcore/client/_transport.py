@@ -193,7 +193,10 @@ _PEM_BYTES_MAX = 1 << 20
 
 def _read(name: str, path: str) -> bytes:
     try:
-        with open(path, "rb") as file:
+        # Not waiting for a writer: a named pipe nobody writes to reads as empty at once.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(descriptor, "rb") as file:
+            os.set_blocking(descriptor, True)
             data = file.read(_PEM_BYTES_MAX + 1)
     except OSError as error:
         raise ValueError(f"{name} {path!r}: cannot read it: {error.strerror}") from None
