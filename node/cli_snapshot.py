@@ -66,6 +66,20 @@ async def _fetch(path: str) -> dict[str, object]:
     return answer
 
 
+def _target_problem(file: Path) -> str | None:
+    """Why a backup cannot be written to `file`, or None. The backup replaces `file` by renaming
+    a new file over it: a device or a pipe would be replaced, not written to."""
+    try:
+        if file.exists() and not stat.S_ISREG(file.stat().st_mode):
+            return "it exists and is not a regular file"
+        parent = file.absolute().parent
+        if not parent.is_dir():
+            return f"{parent} is not a directory" if parent.exists() else f"{parent} does not exist"
+    except OSError as error:
+        return str(error.strerror)
+    return None
+
+
 @snapshot.command("save")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @client_options
@@ -73,11 +87,18 @@ def snapshot_save(file: Path) -> int:
     """Save a consistent backup of the cluster's replicated state (KV, sessions, locks, jobs,
     regions, tenants) to FILE (admins only). It holds every write acknowledged before the
     command started."""
+    # Before the transfer, which may be long: where the backup goes.
+    problem = _target_problem(file)
+    if problem is not None:
+        raise CommandFailed("save.failed", f"cannot write {file}: {problem}")
     answer = asyncio.run(_fetch("/v1/snapshot"))
     data = base64.b64decode(str(answer["file"]))
     # Check what arrived before writing it: the same checks `restore` makes.
     backup = decode_backup(data)
-    write_file_durably(file, data)
+    try:
+        write_file_durably(file, data)
+    except OSError as error:
+        raise CommandFailed("save.failed", f"cannot write {file}: {error.strerror}") from None
     emit(
         {
             "file": str(file),

@@ -8,11 +8,13 @@ files are refused with a message that says so, and only admins may save.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import io
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -182,6 +184,48 @@ def test_restore__a_file_that_cannot_be_read_is_a_clear_error(
     )  # fmt: skip
     assert result.exit_code == 1
     assert "snapshot.invalid" in result.output and said in result.output
+
+
+def test_save__a_target_that_cannot_be_written_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing or non-directory parent was a traceback after the whole transfer, and a device
+    or a pipe as the target was replaced by the backup (as root, /dev/full itself)."""
+    from node import cli_snapshot
+
+    fetched: list[str] = []
+
+    async def fetch(path: str) -> dict[str, object]:
+        fetched.append(path)
+        return {"file": base64.b64encode(_backup()).decode()}
+
+    monkeypatch.setattr(cli_snapshot, "_fetch", fetch)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for target, said in [
+        (tmp_path / "missing" / "b.xr", "does not exist"),
+        (a_file / "b.xr", "is not a directory"),
+        (fifo, "it exists and is not a regular file"),
+    ]:
+        result = _run("snapshot", "save", str(target))
+        assert result.exit_code == 1, target
+        assert f"xr: save.failed: cannot write {target}: " in result.output
+        assert said in result.output
+        assert "Traceback" not in result.output
+    assert fetched == []  # refused before the transfer
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+    # A failure while writing, after the transfer, says so too.
+    def refuse(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli_snapshot, "write_file_durably", refuse)
+    result = _run("snapshot", "save", str(tmp_path / "b.xr"))
+    assert result.exit_code == 1
+    assert "save.failed: cannot write" in result.output and "No space left" in result.output
+    assert fetched == ["/v1/snapshot"]
 
 
 # Two real clusters.
