@@ -79,6 +79,16 @@ def make_ca(
             f"{directory} has one of {CA_CERT_NAME} and {CA_KEY_NAME} without the other; "
             "remove it, or give another --dir"
         )
+    for path in [
+        ca_cert_path,
+        ca_key_path,
+        *(directory / f"{name}{ending}" for name in names for ending in (".pem", "-key.pem")),
+    ]:
+        # Written in place: a pipe would wait for a reader, a device would take the key.
+        if path.exists() and not path.is_file():
+            raise ValueError(
+                f"{path} exists and is not a regular file; remove it, or give another --dir"
+            )
     created = not ca_cert_path.exists()
     if created:
         ca_key, ca_cert = _new_ca(moment, days)

@@ -516,3 +516,34 @@ def test_node__started_with_insecure_and_raft_off_loopback__logs_the_warning(
         assert " WARNING " in line and f"0.0.0.0:{peer_port}" in line
     finally:
         node.kill()
+
+
+def test_make_ca__an_output_that_is_not_a_regular_file_is_refused_before_writing(
+    tmp_path: Path,
+) -> None:
+    """The files are written in place: a named pipe where a certificate goes made `xr tls
+    make-ca` wait for a reader forever (and a device would have taken the key)."""
+    import os
+    import threading
+
+    pipe = tmp_path / "a.pem"
+    os.mkfifo(pipe)
+    outcome: dict[str, BaseException | None] = {}
+
+    def make() -> None:
+        try:
+            make_ca(tmp_path, ["a"])
+            outcome["error"] = None
+        except ValueError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=make, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    if thread.is_alive():
+        # It waits to write the pipe: a reader lets it finish.
+        os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))
+        thread.join(timeout=10)
+        pytest.fail("make_ca waited on a named pipe")
+    assert "a.pem exists and is not a regular file" in str(outcome["error"])
+    assert not (tmp_path / "ca.pem").exists()  # nothing written
