@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, get_args
 
+from node.files import open_to_read
+
 __all__ = [
     "NEMESIS_F",
     "NEMESIS_PROCESS",
@@ -264,12 +266,22 @@ def _finite(text: str) -> float:
     return value
 
 
+# A history line is one operation: far less than this.
+LINE_BYTES_MAX = 1 << 20
+
+
 def read_history(path: str | Path) -> list[Op]:
     """Reads a JSON-lines history. Blank lines are skipped; any other bad line raises
     HistoryError with its line number. Indices must be 0, 1, 2, ... in file order."""
     ops: list[Op] = []
-    with open(path, "rb") as file:
-        for line_number, raw in enumerate(file, start=1):
+    # A named pipe nobody writes to reads as empty instead of waiting for a writer.
+    with open_to_read(path) as file:
+        line_number = 0
+        while raw := file.readline(LINE_BYTES_MAX + 1):
+            line_number += 1
+            if len(raw) > LINE_BYTES_MAX:
+                # An endless file (/dev/zero) is refused here, not read until memory runs out.
+                raise HistoryError(f"longer than {LINE_BYTES_MAX} bytes", line=line_number)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:

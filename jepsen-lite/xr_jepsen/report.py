@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.files import TooLarge, read_bounded
 from xr_jepsen.generator import FINAL_PROCESS
 from xr_jepsen.history import HistoryError, Op, Operation, is_nemesis, pair, read_history
 from xr_jepsen.resource import RESOURCE_PROCESS
@@ -38,6 +39,8 @@ ROLE_COLOURS = {
 }
 # Bars beyond this are left out of the picture (the history file has them all).
 BARS_MAX = 40_000
+# results.json and status.jsonl: far less than this in any run (an endless file is refused).
+FILE_BYTES_MAX = 64 << 20
 # Time labels along the axis: one every 5 s, further apart when there would be more than this.
 TIME_LABELS_MAX = 1000
 ANOMALIES_SHOWN_MAX = 50
@@ -273,7 +276,9 @@ def render_report(
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return read_bounded(path, FILE_BYTES_MAX).decode("utf-8")
+    except TooLarge:
+        raise ReportError(f"{path.name} is larger than {FILE_BYTES_MAX} bytes") from None
     except FileNotFoundError:
         raise ReportError(f"no {path.name} (is it a run directory?)") from None
     except OSError as error:
@@ -362,5 +367,8 @@ def write_report(run_dir: Path) -> Path:
     except ValueError as error:
         raise ReportError(f"results.json: {error}") from None
     path = run_dir / "report.html"
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        # Written in place: a pipe would wait for a reader forever. (A directory fails to open.)
+        raise ReportError(f"{path.name} exists and is not a regular file")
     path.write_text(render_report(results, ops, statuses, workers=workers))
     return path

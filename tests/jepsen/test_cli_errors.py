@@ -418,3 +418,66 @@ def test_run__sigterm_is_recorded_as_what_stopped_the_run() -> None:
 
     asyncio.run(signalled())
     assert state.stopped_by == "SIGTERM"
+
+
+def _in_time(fifo: Path, call: Any, *, unblock_flags: int) -> Any:
+    """`call()` in a thread; one that waits on the named pipe `fifo` fails the test (after the
+    other end is opened with `unblock_flags` to end the wait)."""
+    import threading
+
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("value", call()), daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    if thread.is_alive():
+        os.close(os.open(fifo, unblock_flags))
+        thread.join(timeout=10)
+        pytest.fail(f"waited on the named pipe {fifo.name}")
+    return outcome["value"]
+
+
+def test_check__a_line_past_the_bound_is_refused_without_reading_it_all(
+    tmp_path: Path,
+) -> None:
+    # /dev/zero, one endless line, was read until memory ran out (a MemoryError traceback).
+    from xr_jepsen.history import LINE_BYTES_MAX
+
+    history = tmp_path / "history.jsonl"
+    history.write_bytes(b" " * (LINE_BYTES_MAX + 1) + b"\n")
+    _refused(_invoke("check", str(history)), 2, "HISTORY", "line 1", "longer than")
+
+
+def test_check__a_named_pipe_nobody_writes_to_is_an_empty_history(tmp_path: Path) -> None:
+    from xr_jepsen.history import read_history
+
+    fifo = tmp_path / "history.jsonl"
+    os.mkfifo(fifo)
+    assert _in_time(fifo, lambda: read_history(fifo), unblock_flags=os.O_WRONLY) == []
+
+
+def test_report__an_input_past_the_bound_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import xr_jepsen.report
+
+    run_dir = _run_dir(tmp_path)
+    monkeypatch.setattr(xr_jepsen.report, "FILE_BYTES_MAX", 64)
+    _refused(_invoke("report", str(run_dir)), 2, "results.json is larger than 64 bytes")
+
+
+def test_report__a_named_pipe_as_the_report_is_refused(tmp_path: Path) -> None:
+    from xr_jepsen.report import ReportError, write_report
+
+    run_dir = _run_dir(tmp_path)
+    fifo = run_dir / "report.html"
+    os.mkfifo(fifo)
+
+    def write() -> str:
+        try:
+            write_report(run_dir)
+        except ReportError as error:
+            return str(error)
+        return "written"
+
+    said = _in_time(fifo, write, unblock_flags=os.O_RDONLY | os.O_NONBLOCK)
+    assert said == "report.html exists and is not a regular file"
