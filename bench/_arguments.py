@@ -3,12 +3,17 @@
 A benchmark writes its output file when its run ends, minutes after it started; an output path it
 cannot write there would lose the whole run's figures, so each script checks it with
 `check_output_path` right after parsing its arguments, as a usage error (exit 2) naming the option.
+What the check cannot foresee (a full disk, a device such as /dev/full) fails the write at the
+end: `write_output` then says so in one line, after the figures are printed, and the script
+exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -21,7 +26,7 @@ if __name__ == "__main__":
     )
     raise SystemExit(2)
 
-__all__ = ["check_output_path"]
+__all__ = ["check_output_path", "write_output"]
 
 
 def check_output_path(
@@ -45,7 +50,12 @@ def _output_path_problem(path: Path, *, make_parents: bool) -> str | None:
     if path.is_dir():
         return "is a directory"
     if path.exists():
-        return None if os.access(path, os.W_OK) else "is not writable"
+        if not os.access(path, os.W_OK):
+            return "is not writable"
+        if stat.S_ISFIFO(path.stat().st_mode) and not _has_reader(path):
+            # The write at the end would wait for a reader forever.
+            return "is a named pipe that nobody reads"
+        return None
     parent = path.absolute().parent
     while make_parents and not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -56,3 +66,25 @@ def _output_path_problem(path: Path, *, make_parents: bool) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"its directory {parent} is not writable"
     return None
+
+
+def _has_reader(fifo: Path) -> bool:
+    """Whether a named pipe has a reader now (`/dev/stdout` piped to another program has one)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as error:
+        if error.errno == errno.ENXIO:
+            return False
+        raise
+    return True
+
+
+def write_output(path: Path, text: str, *, program: str) -> bool:
+    """Writes `text` to `path`; False, after a line on stderr naming the path and the reason,
+    if it cannot (the caller prints its figures to stdout as well, and exits 1)."""
+    try:
+        path.write_text(text)
+    except OSError as error:
+        print(f"{program}: cannot write {path}: {error.strerror}", file=sys.stderr)
+        return False
+    return True

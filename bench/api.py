@@ -65,7 +65,7 @@ from typing import Any, Protocol  # noqa: E402
 import aiohttp  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from bench._arguments import check_output_path  # noqa: E402
+from bench._arguments import check_output_path, write_output  # noqa: E402
 from bench._load import (  # noqa: E402
     CellResult,
     Operation,
@@ -938,9 +938,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted; every process this benchmark started is stopped", file=sys.stderr)
         return 130
     document["settings"]["wall_s"] = round(time.monotonic() - started_s, 1)
+    written = True
     if arguments.json is not None:
-        arguments.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"wrote {arguments.json}")
+        written = write_output(arguments.json, json.dumps(document, indent=2) + "\n", program="api")
+        if written:
+            print(f"wrote {arguments.json}")
     print(
         json.dumps(
             {
@@ -952,7 +954,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         )
     )
-    return 0
+    return 0 if written else 1
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from typing import Any  # noqa: E402
 import msgspec  # noqa: E402
 import uvloop  # noqa: E402
 
-from bench._arguments import check_output_path  # noqa: E402
+from bench._arguments import check_output_path, write_output  # noqa: E402
 from bench._load import Worker, run_cell  # noqa: E402
 
 SERVERS = ("aiohttp", "bare")
@@ -224,9 +224,12 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             f" | {row['cpu_ratio']:.2f}x | {extra_us:.1f} us |"
         )
     figures = {"benchmark": "http_server", "rounds": arguments.rounds, "cells": rows}
-    if arguments.json is not None:
-        arguments.json.write_text(json.dumps(figures, indent=2) + "\n")
+    written = arguments.json is None or write_output(
+        arguments.json, json.dumps(figures, indent=2) + "\n", program="http_server"
+    )
     print(json.dumps(figures))
+    if not written:
+        sys.exit(1)
     return figures
 
 

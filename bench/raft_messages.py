@@ -61,7 +61,7 @@ from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
 from bench import api  # noqa: E402
-from bench._arguments import check_output_path  # noqa: E402
+from bench._arguments import check_output_path, write_output  # noqa: E402
 from bench._load import CellResult, run_cell  # noqa: E402
 from bench._revision import ROOT  # noqa: E402
 from bench.durability import MODES, XrDurabilitySystem, _concurrencies  # noqa: E402
@@ -458,10 +458,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_output_path(parser, "--json", arguments.json)
     with api._sigterm_as_exit():
         document = run(arguments)
-    if arguments.json is not None:
-        arguments.json.write_text(json.dumps(document, indent=2))
+    written = arguments.json is None or write_output(
+        arguments.json, json.dumps(document, indent=2), program="raft_messages"
+    )
     print(json.dumps(document))
-    return 0
+    return 0 if written else 1
 
 
 if __name__ == "__main__":

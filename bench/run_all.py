@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._arguments import check_output_path
+from bench._arguments import check_output_path, write_output
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "summary.md"
@@ -239,8 +239,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     started_s = time.monotonic()
     outcomes = [run_one(item) for item in BENCHMARKS if not chosen or item.name in chosen]
     text = summary(outcomes, time.monotonic() - started_s)
-    arguments.out.parent.mkdir(parents=True, exist_ok=True)
-    arguments.out.write_text(text + "\n")
+    try:
+        arguments.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        print(f"run_all: cannot make {arguments.out.parent}: {error.strerror}", file=sys.stderr)
+    if not write_output(arguments.out, text + "\n", program="run_all"):
+        # The figures are not lost: the summary goes to stdout instead.
+        print(text)
+        return 1
     print(f"summary written to {arguments.out}")
     return 0 if all(outcome.status == "ok" for outcome in outcomes) else 1
 

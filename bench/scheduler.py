@@ -76,6 +76,8 @@ TARGET_MEAN_RATIO = 0.6
 TARGET_P95_RATIO = 0.7
 TARGET_PASS_MS = 100.0
 DEFAULT_PLOT = _BENCH_DIRECTORY / "results" / "scheduler.png"
+# The plot's format is its file's ending (matplotlib would add ".png" to a name without one).
+PLOT_ENDINGS = (".png", ".svg", ".pdf")
 
 
 # Baselines.
@@ -516,6 +518,8 @@ def main() -> None:
         parser.error("--hours and --load must be positive and finite")
     if not arguments.no_plot and arguments.seeds is None:
         check_output_path(parser, "--plot", arguments.plot, make_parents=True)
+        if arguments.plot.suffix.lower() not in PLOT_ENDINGS:
+            parser.error(f"--plot {arguments.plot}: must end in {', '.join(PLOT_ENDINGS)}")
     jobs = arguments.jobs or (80 if arguments.quick else 1000)
     hours = arguments.hours or (12.0 if arguments.quick else 168.0)
     rounds = arguments.pass_rounds or (3 if arguments.quick else 10)
@@ -613,9 +617,14 @@ def main() -> None:
     print()
     for text, met in targets:
         print(f"target: {text}: {_verdict(met)}")
+    plotted = True
     if not arguments.no_plot:
-        plot(results, arguments.plot, trace)
-        print(f"plot: {arguments.plot}")
+        try:
+            plot(results, arguments.plot, trace)
+            print(f"plot: {arguments.plot}")
+        except OSError as error:
+            print(f"scheduler: cannot write {arguments.plot}: {error.strerror}", file=sys.stderr)
+            plotted = False
     print(
         json.dumps(
             {
@@ -631,6 +640,8 @@ def main() -> None:
             sort_keys=True,
         )
     )
+    if not plotted:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._arguments import check_output_path
+from bench._arguments import check_output_path, write_output
 from tests.bench._script import ROOT, run_script
 
 
@@ -68,13 +68,22 @@ def test_a_bad_argument_is_a_usage_error_before_any_work(script: str, arguments:
         ("run_all.py", "--out", "file/summary.md", "is not a directory"),
         ("run_all.py", "--out", ".", "is a directory"),
         ("scheduler.py", "--plot", "file/a/scheduler.png", "is not a directory"),
+        # matplotlib chose the format from the ending: none wrote PATH.png, ".json" failed late.
+        ("scheduler.py", "--plot", "scheduler", "must end in .png, .svg, .pdf"),
+        ("scheduler.py", "--plot", "scheduler.json", "must end in .png, .svg, .pdf"),
+        ("api.py", "--json", "pipe", "is a named pipe that nobody reads"),
+        ("durability.py", "--json", "pipe", "is a named pipe that nobody reads"),
+        ("scheduler.py", "--plot", "pipe.png", "is a named pipe that nobody reads"),
     ],
 )
 def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_any_work(
     tmp_path: Path, script: str, option: str, where: str, words: str
 ) -> None:
-    # The output was written only when the run ended, minutes later: its figures were lost.
+    # The output was written only when the run ended, minutes later: its figures were lost
+    # (and a named pipe that nobody reads made the run wait at its end forever).
     (tmp_path / "file").write_text("")
+    os.mkfifo(tmp_path / "pipe")
+    os.mkfifo(tmp_path / "pipe.png")
     answer = run_script(script, option, str(tmp_path / where))
     assert answer.returncode == 2, answer.stdout + answer.stderr
     assert "Traceback" not in answer.stderr
@@ -115,3 +124,22 @@ def test_every_file_in_bench_answers_help_or_says_which_script_it_belongs_to(nam
         assert answer.stdout == ""
         [line] = answer.stderr.splitlines()
         assert f"bench/{name} is " in line and "not a script: run " in line
+
+
+def test_a_named_pipe_that_is_read_is_a_good_output(tmp_path: Path) -> None:
+    # `--json /dev/stdout` piped to another program: the pipe has a reader.
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        check_output_path(argparse.ArgumentParser(prog="api.py"), "--json", pipe)
+    finally:
+        os.close(reader)
+
+
+def test_an_output_that_fails_when_written_is_one_line_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # /dev/full passes every check and fails the write: that was a traceback at the run's end.
+    assert not write_output(Path("/dev/full"), "{}", program="api")
+    assert capsys.readouterr().err == "api: cannot write /dev/full: No space left on device\n"
