@@ -121,6 +121,9 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     requests_in_flight_max: int = 256
     # Server-Sent Event streams open at once.
     streams_max: int = 200
+    # How long a request's body may take to arrive once the node reads it; beyond it 408
+    # request.body_timeout (a body sent slowly, or announced and not sent, would hold a place
+    # among the requests in flight).
     request_timeout_s: float = 10.0
     # A connection with no request being handled is closed after this long without one: idle
     # between requests, or still sending its request's headers (a slow client holding a

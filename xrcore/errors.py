@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "BodyTimeout",
     "CapacityExceeded",
     "CheckpointNotNewer",
     "ClusterUnavailable",
@@ -76,6 +77,14 @@ class InvalidArgument(XrError):
 class PayloadTooLarge(InvalidArgument):
     code = "limit.payload_too_large"
     http_status = 413
+
+
+class BodyTimeout(InvalidArgument):
+    """A request's body did not arrive within the node's time for it (`http.request_timeout_s`);
+    nothing was done."""
+
+    code = "request.body_timeout"
+    http_status = 408
 
 
 class CapacityExceeded(XrError):

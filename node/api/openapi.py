@@ -834,6 +834,8 @@ _ERRORS: dict[int, str] = {
     401: "No valid bearer token (auth.unauthenticated).",
     403: "The caller's role may not do this (auth.forbidden).",
     404: "No such object, or another tenant's: both answer the same (not_found).",
+    408: "The request's body did not arrive within http.request_timeout_s "
+    "(request.body_timeout); nothing was done.",
     409: "A conflict: a failed compare, a lock not held, a job that cannot move so, or a retry "
     "older than the results kept for its client (request.too_old, definite false).",
     410: "The revision is older than the retained change history (kv.compacted).",
@@ -848,7 +850,7 @@ _ERRORS: dict[int, str] = {
 }
 # What any operation that authenticates and goes through the replicated store may answer.
 _COMMON_ERRORS = (400, 401, 429, 503, 504)
-_WRITE_ERRORS = (409, 413)
+_WRITE_ERRORS = (408, 409, 413)
 _HEADERS = {
     REQUEST_ID_HEADER: {
         "description": "The request's id: the caller's, or a new one. The node's log has it.",
@@ -1384,7 +1386,9 @@ def document(*, wait_max_s: float = 60.0, body_bytes_max: int = 1 << 20) -> dict
             "description": "Every region node serves the whole API; writes and linearizable "
             "reads go through the replicated log. Bodies are JSON, or msgpack with "
             "`Content-Type`/`Accept: application/msgpack`; a body may be at most "
-            f"{body_bytes_max} bytes. Keys, lock names, sessions and jobs live in the caller's "
+            f"{body_bytes_max} bytes, sent uncompressed (no `Content-Encoding`), and must "
+            "arrive within http.request_timeout_s. Keys, lock names, sessions and jobs live in "
+            "the caller's "
             "tenant namespace; another tenant's object answers 404. Every error is "
             '`{"error": {"code", "message", "definite"}}`.',
         },

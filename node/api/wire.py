@@ -9,6 +9,7 @@ Query parameters are parsed here, each with a message naming the parameter.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Mapping
 from typing import Any
@@ -16,9 +17,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from xrcore.errors import InvalidArgument, PayloadTooLarge
+from xrcore.errors import BodyTimeout, InvalidArgument, PayloadTooLarge
 
 __all__ = [
+    "BODY_TIMEOUT_S",
     "MSGPACK",
     "bytes_fields",
     "field",
@@ -37,6 +39,11 @@ MSGPACK = "application/msgpack"
 _MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
 _json_encoder = msgspec.json.Encoder()
 _msgpack_encoder = msgspec.msgpack.Encoder()
+# How long a request's body may take to arrive once its handler reads it (`http.request_timeout_s`;
+# set by `node.api.app.create_app`). A body sent slowly, or announced and never sent, would
+# otherwise hold its connection and its place among the requests in flight for ever.
+BODY_TIMEOUT_S = web.AppKey("body_timeout_s", float)
+_BODY_TIMEOUT_S_DEFAULT = 10.0
 
 
 def wants_msgpack(request: web.Request) -> bool:
@@ -56,20 +63,37 @@ def respond(request: web.Request, document: Any, *, status: int = 200) -> web.Re
 
 async def read_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
     """The request body as a mapping. The size limit is enforced by aiohttp's
-    `client_max_size` (413 from the error middleware); a body that is not an object is 400."""
+    `client_max_size` (413 from the error middleware); a body that is not an object is 400, and
+    one that has not arrived within `BODY_TIMEOUT_S` is 408. A compressed body is refused: the
+    node does not decompress request bodies (a small one can expand without end)."""
     if not request.can_read_body:
         if required:
             raise InvalidArgument("the request needs a body (a JSON object)")
         return {}
-    data = await request.read()
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise InvalidArgument(
+            f"request bodies are not accepted compressed (Content-Encoding: {encoding}); send "
+            "it as is"
+        )
+    timeout_s = request.app.get(BODY_TIMEOUT_S, _BODY_TIMEOUT_S_DEFAULT)
+    try:
+        async with asyncio.timeout(timeout_s):
+            data = await request.read()
+    except TimeoutError:
+        raise BodyTimeout(
+            f"the request body did not arrive within {timeout_s:g} s (http.request_timeout_s)"
+        ) from None
     kind = request.content_type
+    name = "msgpack" if kind in _MSGPACK_TYPES else "JSON"
     try:
         document = (
             msgspec.msgpack.decode(data) if kind in _MSGPACK_TYPES else msgspec.json.decode(data)
         )
     except msgspec.DecodeError as error:
-        encoding = "msgpack" if kind in _MSGPACK_TYPES else "JSON"
-        raise InvalidArgument(f"the request body is not valid {encoding}: {error}") from None
+        raise InvalidArgument(f"the request body is not valid {name}: {error}") from None
+    except RecursionError:
+        raise InvalidArgument(f"the request body is not valid {name}: nested too deeply") from None
     if not isinstance(document, dict):
         raise InvalidArgument(f"the request body must be an object, not {type(document).__name__}")
     # msgpack maps may have keys of any type; every field name is text.

@@ -5,6 +5,7 @@ before and after). Also the bound on waiting requests (429 with Retry-After)."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 from typing import Any
 
 import msgspec
@@ -33,6 +34,32 @@ MALFORMED: dict[str, tuple[str, str, bytes | None, dict[str, str], int, str]] = 
         "keys",
     ),
     "no body": ("PUT", "/v1/kv/limits-key", None, {}, 400, "needs a body"),
+    # Nesting past the decoder's recursion was a 500 with a traceback in the log.
+    "JSON nested too deeply": (
+        "PUT",
+        "/v1/kv/limits-key",
+        b'{"value": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+        JSON,
+        400,
+        "nested too deeply",
+    ),
+    "msgpack nested too deeply": (
+        "PUT",
+        "/v1/kv/limits-key",
+        b"\x81\xa5value" + b"\x91" * 100_000 + b"\xc0",
+        MSGPACK,
+        400,
+        "nested too deeply",
+    ),
+    # A small compressed body can inflate without end: the node takes none.
+    "compressed body": (
+        "PUT",
+        "/v1/kv/limits-key",
+        gzip.compress(b'{"value": "x"}'),
+        {**JSON, "Content-Encoding": "gzip"},
+        400,
+        "not accepted compressed (Content-Encoding: gzip)",
+    ),
     "unknown field": (
         "PUT",
         "/v1/kv/limits-key",

@@ -154,6 +154,119 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(tmp_path: Path) 
         local.kill()
 
 
+def _answer(connection: socket.socket) -> tuple[bytes, Any]:
+    """The status line and the JSON body of one HTTP answer read from `connection`."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += connection.recv(65536) or b"\r\n\r\n"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    while len(body) < length:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head.split(b"\r\n")[0], json.loads(body) if body else None
+
+
+def test_a_request_body_that_does_not_arrive_in_time_is_answered_408(tmp_path: Path) -> None:
+    """A body sent slowly, or announced and never sent, held its connection and its place among
+    the requests in flight without end: 300 of them made every other request 429.
+    `http.request_timeout_s` (documented, but read by nothing) now bounds it."""
+    local = LocalCluster(tmp_path, size=1, settings={"http.request_timeout_s": "0.5"})
+    local.start()
+    try:
+        node = local.nodes[0]
+        with socket.create_connection((node.host, node.http_port), timeout=WAIT_S) as slow:
+            slow.sendall(
+                b"PUT /v1/kv/slow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"value": "'
+            )
+            # The socket's timeout (30 s) raises if the node never answers.
+            status_line, document = _answer(slow)
+        assert status_line.startswith(b"HTTP/1.1 408 "), status_line
+        assert document["error"]["code"] == "request.body_timeout"
+        assert "http.request_timeout_s" in document["error"]["message"]
+        assert _call(f"{node.url}/v1/kv/slow")[0] == 404  # nothing was written
+    finally:
+        local.kill()
+
+
+def test_the_api_server_takes_request_bodies_as_sent(tmp_path: Path) -> None:
+    """aiohttp inflated every compressed request body on the event loop, even one the node
+    refused and aiohttp only drained: a few gzip bombs kept /healthz waiting for seconds. The
+    node's server now hands bodies over as sent: here a handler reads the gzip bytes."""
+    import asyncio
+    import gzip
+
+    from aiohttp import web
+
+    from node.api.connections import CappedAppRunner
+    from node.config import load_config
+    from node.daemon import http_server_options
+
+    config = load_config(
+        path=None,
+        overrides={"region.name": "r0", "data_dir": str(tmp_path), "raft.address": "127.0.0.1:1"},
+    )
+    body = gzip.compress(b'{"value": "x"}')
+
+    async def scenario() -> bytes:
+        async def echo(request: web.Request) -> web.Response:
+            return web.Response(body=await request.read())
+
+        app = web.Application()
+        app.router.add_put("/echo", echo)
+        runner = CappedAppRunner(app, connections_max=8, **http_server_options(config))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            port = runner.addresses[0][1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"PUT /echo HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nConnection: close"
+                b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
+            answer = await reader.read()
+            writer.close()
+            return answer.partition(b"\r\n\r\n")[2]
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == body
+
+
+def test_a_compressed_request_body_is_refused(tmp_path: Path) -> None:
+    """End to end: the node refuses a compressed body with its own message."""
+    local = LocalCluster(tmp_path, size=1)
+    local.start()
+    try:
+        node = local.nodes[0]
+        body = b"certainly not gzip"
+        with socket.create_connection((node.host, node.http_port), timeout=WAIT_S) as client:
+            client.sendall(
+                b"PUT /v1/kv/zipped HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Encoding: gzip\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+            status_line, document = _answer(client)
+        assert status_line.startswith(b"HTTP/1.1 400 "), status_line
+        assert document["error"]["code"] == "request.invalid"
+        assert "not accepted compressed" in document["error"]["message"]
+    finally:
+        local.kill()
+
+
 def test_connections_past_the_bound_are_answered_429_and_closed(tmp_path: Path) -> None:
     """Connections were not bounded: clients holding many could take every descriptor the
     process may have, and the node (Raft included) would stop working."""
