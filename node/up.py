@@ -109,7 +109,7 @@ def _read_state(base_dir: Path, region_names: list[str]) -> dict[str, Any] | Non
         state = json.loads(read_bounded(path, CONFIG_BYTES_MAX))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise UpError(f"{path} cannot be read ({error}); remove it or use another --dir") from None
     if not isinstance(state, dict) or not {"regions", "http_ports", "raft_ports"} <= set(state):
         raise UpError(f"{path} is not a state file of xr up; remove it or use another --dir")

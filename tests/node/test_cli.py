@@ -394,6 +394,18 @@ def test_up__a_state_file_past_the_bound__is_refused(tmp_path: Path) -> None:
         _read_state(tmp_path, ["r0"])
 
 
+def test_nesting_past_the_decoders_depth__is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    # A RecursionError escaped both: a traceback from `xr up`, and from any client call that
+    # got such an answer.
+    from xrcore.client._transport import _decode
+
+    nested = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "xr-up.json").write_text(nested)
+    with pytest.raises(UpError, match="cannot be read"):
+        _read_state(tmp_path, ["r0"])
+    assert _decode(nested.encode()) is None
+
+
 def test_lock_run__a_missing_command_exits_127_before_taking_the_lock(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -469,7 +469,9 @@ def _decode(raw: bytes) -> Any:
         return None
     try:
         return _json_decoder.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
+        # Not a document of the API (nested past the decoder's depth, too): the caller reports
+        # what it expected.
         return None
 
 
