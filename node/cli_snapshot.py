@@ -37,6 +37,11 @@ __all__ = ["snapshot"]
 # A backup can be large; unless --timeout or the client configuration says otherwise, give the
 # barrier and the transfer more than a plain request's time.
 _SAVE_TIMEOUT_S_DEFAULT = 60.0
+# A backup is one answer, read whole: above the client's usual bound (`ANSWER_BYTES_MAX`, 1 GiB),
+# since the replicated tables at their default capacities (`xrcore.limits.Limits`: 100,000 keys
+# of 64 KiB, 10,000 jobs with 64 KiB of arguments and of result, the watch history) hold about
+# 8.5 GB, some 11.5 GB as base64 in JSON.
+_BACKUP_ANSWER_BYTES_MAX = 16 << 30
 
 
 @click.group()
@@ -56,6 +61,7 @@ async def _fetch(path: str) -> dict[str, object]:
         ca_file=settings.ca_file,
         cert_file=settings.cert_file,
         key_file=settings.key_file,
+        answer_bytes_max=_BACKUP_ANSWER_BYTES_MAX,
     )
     try:
         answer = await transport.call("GET", path)

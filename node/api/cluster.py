@@ -8,6 +8,7 @@ With TLS on (`tls.cert_file`), forwarded requests go over https, verify the othe
 
 from __future__ import annotations
 
+import json
 import ssl
 from typing import Any
 
@@ -20,6 +21,7 @@ from node.api.wire import field, read_body, reject_unknown, respond
 from node.config import NodeConfig
 from node.tls import client_context
 from xrcore import regions
+from xrcore.client._transport import read_answer
 from xrcore.errors import ClusterUnavailable, NotFound, error_from_code
 
 __all__ = ["FORWARD_SSL_CONTEXT", "forward_target", "routes"]
@@ -149,6 +151,11 @@ async def forward_to_region(request: web.Request, region_name: str) -> web.Respo
     return await _forward(request, region_name, region.http_address)
 
 
+# The longest answer read from another node: the largest forwarded answer is a job log's tail of
+# at most 1 MiB (`node.api.jobs`), up to 6 MiB once escaped as JSON.
+_FORWARD_ANSWER_BYTES_MAX = 16 << 20
+
+
 async def _forward(
     request: web.Request, region_name: str, http_address: str, *, body: Any = None
 ) -> web.Response:
@@ -173,9 +180,9 @@ async def _forward(
                 method, url, json=body, headers=headers, ssl=ssl_context or True
             ) as answer,
         ):
-            document = await answer.json()
+            document = json.loads(await read_answer(answer, _FORWARD_ANSWER_BYTES_MAX))
             status = answer.status
-    except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as error:
         raise ClusterUnavailable(f"region {region_name} could not be reached: {error}") from None
     if status >= 400 and isinstance(document, dict) and "error" in document:
         info = document["error"]

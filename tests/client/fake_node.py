@@ -2,7 +2,8 @@
 
 A `FakeNode` answers each request to a route (`"PUT /v1/kv/a"`, or `"*"` for any) with the next
 of its scripted replies; the last reply repeats. A reply can also drop the connection without
-answering. Every request is recorded (method, path, query, headers, body) for the test to read.
+answering, or stream a body of a given length (an answer too long to read). Every request is
+recorded (method, path, query, headers, body) for the test to read.
 The nodes run on an event loop in a thread of their own, so sync and async clients can both be
 pointed at them.
 """
@@ -30,6 +31,10 @@ class Reply:
     drop: bool = False
     # Wait this long before answering (a long poll with nothing to report).
     delay_s: float = 0.0
+    # Answer with this many bytes of body instead of `document`, in chunks, with a Content-Length
+    # when `announced` (else chunked); the bytes the reader took are counted in `FakeNode.streamed`.
+    stream_bytes: int = 0
+    announced: bool = False
 
 
 DROP = Reply(drop=True)
@@ -59,6 +64,8 @@ class FakeNode:
         self.seen: list[Seen] = []
         self._answered: dict[str, int] = {}
         self.url = ""
+        # Body bytes written by `stream_bytes` replies before the reader stopped taking them.
+        self.streamed = 0
 
     def requests(self, route: str) -> list[Seen]:
         method, _, path = route.partition(" ")
@@ -93,7 +100,27 @@ class FakeNode:
             assert request.transport is not None
             request.transport.close()
             return web.Response()
+        if reply.stream_bytes:
+            return await self._stream(request, reply)
         return web.json_response(reply.document, status=reply.status, headers=reply.headers)
+
+    async def _stream(self, request: web.Request, reply: Reply) -> web.StreamResponse:
+        response = web.StreamResponse(status=reply.status, headers=reply.headers)
+        response.content_type = "application/json"
+        if reply.announced:
+            response.content_length = reply.stream_bytes
+        await response.prepare(request)
+        chunk = b" " * 65_536
+        try:
+            while self.streamed < reply.stream_bytes:
+                part = chunk[: reply.stream_bytes - self.streamed]
+                await response.write(part)
+                self.streamed += len(part)
+        except (ConnectionError, RuntimeError):
+            # The reader closed the connection: what it refused to read is not counted.
+            return response
+        await response.write_eof()
+        return response
 
 
 class FakeNodes:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.client.fake_node import DROP, FakeNodes, Reply, error, refused_url
 from xrcore.client import AsyncClient, Client, LockLost, WatchEvent
+from xrcore.client._transport import ANSWER_BYTES_MAX, Transport
 from xrcore.errors import (
     ClusterUnavailable,
     Compacted,
@@ -423,3 +424,50 @@ def test_non_finite_numbers__are_refused_before_anything_is_sent(fakes: FakeNode
     for timeout_s in (float("nan"), float("inf"), 0.0):
         with pytest.raises(ValueError, match="timeout_s must be a positive number"):
             AsyncClient([node.url], timeout_s=timeout_s)
+
+
+# Answers too long to read: an endpoint that is not an xr node, or a broken one, sending without
+# end must not take the caller's memory.
+
+_BOUND = 1 << 20
+_ENDLESS = 256 << 20
+
+
+def test_answer_longer_than_the_bound__is_dropped_unread_and_the_next_endpoint_answers(
+    fakes: FakeNodes,
+) -> None:
+    endless = fakes.add({"GET /v1/kv/k": [Reply(stream_bytes=_ENDLESS)]})
+    node = fakes.add({"GET /v1/kv/k": [Reply(document={"key": "k"})]})
+
+    async def scenario() -> Any:
+        transport = Transport([endless.url, node.url], timeout_s=10, answer_bytes_max=_BOUND)
+        try:
+            return await transport.call("GET", "/v1/kv/k")
+        finally:
+            await transport.close()
+
+    assert run(scenario) == {"key": "k"}
+    # What the reader took before it closed: its bound and the sockets' buffers, not the rest.
+    assert endless.streamed < _ENDLESS // 4, endless.streamed
+
+
+def test_answer_announced_longer_than_the_bound__fails_the_try_by_name(fakes: FakeNodes) -> None:
+    endless = fakes.add({"GET /v1/kv/k": [Reply(stream_bytes=_ENDLESS, announced=True)]})
+
+    async def scenario() -> None:
+        transport = Transport([endless.url], timeout_s=1, answer_bytes_max=_BOUND)
+        try:
+            await transport.call("GET", "/v1/kv/k")
+        finally:
+            await transport.close()
+
+    with pytest.raises(ClusterUnavailable, match=r"longer than 1048576 bytes \(answer_bytes_max\)"):
+        run(scenario)
+    assert endless.streamed < _ENDLESS // 4, endless.streamed
+
+
+def test_answer_bytes_max__defaults_to_a_gibibyte_and_must_be_a_positive_int() -> None:
+    assert Transport("127.0.0.1:1").answer_bytes_max == ANSWER_BYTES_MAX == 1 << 30
+    for bad in (0, -1, True, 1.5, None):
+        with pytest.raises(ValueError, match="answer_bytes_max must be a positive number"):
+            Transport("127.0.0.1:1", answer_bytes_max=bad)  # type: ignore[arg-type]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tests.client.fake_node import FakeNodes, Reply
 from tests.node.conftest import ApiNode
+from xrcore.commands import RegionRegister, TaskAssign, TaskClaim
 
 pytestmark = pytest.mark.integration
 
@@ -71,3 +75,41 @@ def test_metrics__expose_raft_and_request_series_as_prometheus_text(api: ApiNode
     # This node writes its journal without syncing (durability "write"): no syncs to count.
     assert 'xr_raft_journal_syncs_total{region="r0"} 0.0' in text
     assert 'xr_raft_journal_slow_syncs_total{region="r0"} 0.0' in text
+
+
+def test_forwarded_request__whose_answer_is_too_long__is_503_without_reading_it_all(
+    tmp_path: Path,
+) -> None:
+    """Logs live on their region; a node forwards there and reads the answer up to a bound, so a
+    broken (or impostor) node at a region's address cannot fill this node's memory."""
+    fakes = FakeNodes()
+    node = ApiNode(tmp_path)
+    try:
+        endless = fakes.add({"*": [Reply(stream_bytes=256 << 20)]})
+        node.propose(
+            RegionRegister(
+                name="far",
+                http_address=endless.url.removeprefix("http://"),
+                raft_address="127.0.0.1:1",
+            )
+        )
+        job_id = node.ok("POST", "/v1/jobs", json={"name": "far-job", "workload": "sleep"})[
+            "job_id"
+        ]
+        node.propose(TaskAssign(job_id=job_id, task_index=0, region="far"))
+        node.propose(
+            TaskClaim(
+                job_id=job_id,
+                task_index=0,
+                region="far",
+                executor_id="far-executor",
+                lease_ttl_ms=600_000,
+            )
+        )
+        answer = node.request("GET", f"/v1/jobs/{job_id}/logs")
+        assert (answer.status, answer.error_code) == (503, "cluster.unavailable"), answer.body
+        assert "answer_bytes_max" in answer.document["error"]["message"]
+        assert endless.streamed < 64 << 20, endless.streamed
+    finally:
+        node.close()
+        fakes.close()

@@ -325,7 +325,7 @@ def test_save__needs_an_admin_token(tmp_path: Path) -> None:
         ((), "timeout_s = 4\n", 4.0),
     ],
 )
-def test_save__uses_the_timeout_given_and_60_s_otherwise(
+def test_save__uses_the_timeout_given_and_60_s_otherwise_and_a_bound_past_1_gib(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     flags: tuple[str, ...],
@@ -337,10 +337,19 @@ def test_save__uses_the_timeout_given_and_60_s_otherwise(
     from xrcore.client import _transport
 
     timeouts: list[float] = []
+    bounds: list[int] = []
 
     class Answering:
-        def __init__(self, endpoints: object, *, timeout_s: float, **_: object) -> None:
+        def __init__(
+            self,
+            endpoints: object,
+            *,
+            timeout_s: float,
+            answer_bytes_max: int = _transport.ANSWER_BYTES_MAX,
+            **_: object,
+        ) -> None:
             timeouts.append(timeout_s)
+            bounds.append(answer_bytes_max)
 
         async def call(self, method: str, path: str) -> dict[str, object]:
             assert (method, path) == ("GET", "/v1/snapshot")
@@ -358,4 +367,6 @@ def test_save__uses_the_timeout_given_and_60_s_otherwise(
     saved = _run("snapshot", "save", str(file), "--endpoints", "127.0.0.1:1", *flags, *extra)
     assert saved.exit_code == 0, saved.output
     assert timeouts == [expected_s]
+    # A backup is one answer and may be larger than the client's usual bound (1 GiB).
+    assert bounds == [16 << 30]
     assert decode_backup(file.read_bytes()).raft_index == 2

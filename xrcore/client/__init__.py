@@ -17,7 +17,9 @@ Endpoints are URLs (`https://10.0.0.1:8700`) or a bare `host:port` (plain http);
 Calls fail over between the given endpoints and retry until their deadline; writes carry an
 idempotency key so the cluster applies each exactly once however often it is retried. Errors are
 the classes of `xrcore.errors`, rebuilt from the server's error codes, plus `LockLost`,
-`SessionLost` and `LockNotGranted`, which only the client raises.
+`SessionLost` and `LockNotGranted`, which only the client raises. An answer is read up to
+1 GiB: a longer one (from something at an endpoint that is not an xr node, or a broken one) fails
+that try as a lost answer would, and the call goes on to the next endpoint.
 
 Arguments are checked before anything is sent, with the cluster's own rules (`xrcore`'s checks
 and limits), and the error names the argument: a wrong type raises TypeError (True is not an

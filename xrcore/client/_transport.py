@@ -8,9 +8,9 @@ The rules, in the order a call meets them:
    call. Every try of the call re-sends the same key, so the state machine applies the write at
    most once and answers a repeat with the stored result. That stored answer is authoritative,
    so a definite error answered to a retry is raised as definite.
-3. No answer (refused, reset, timed out), 5xx, or a node without a leader: the next endpoint is
-   tried; after each full round of endpoints the call backs off (50 ms doubling to 1 s, with
-   jitter).
+3. No answer (refused, reset, timed out, or longer than `answer_bytes_max`), 5xx, or a node
+   without a leader: the next endpoint is tried; after each full round of endpoints the call
+   backs off (50 ms doubling to 1 s, with jitter).
 4. 429 (`cluster.overloaded`, `limit.capacity`): the same endpoint again, with the same key,
    after `Retry-After`, if that fits before the deadline; otherwise the 429's own error is raised
    (or `Timeout`, if an earlier try may have been applied). A `limit.capacity` from the state
@@ -23,6 +23,11 @@ The rules, in the order a call meets them:
 `https://` endpoints are verified against `ca_file` (the system's CAs when it is not given);
 `cert_file` and `key_file` are the client certificate a node asks for under mutual TLS. A bare
 `host:port` is plain http.
+
+An answer is read up to `answer_bytes_max` (1 GiB unless the transport is given another bound):
+an endpoint that is not an xr node, or a broken one, could otherwise send without end and take
+the caller's memory. The largest answers the API gives (a page of 1,000 keys of 64 KiB) are
+well under it.
 """
 
 from __future__ import annotations
@@ -47,11 +52,14 @@ from xrcore._validate import check_name
 from xrcore.errors import ClusterUnavailable, Timeout, XrError, error_from_code
 
 __all__ = [
+    "ANSWER_BYTES_MAX",
+    "AnswerTooLong",
     "Transport",
     "check_body",
     "check_number",
     "check_seconds",
     "normalize_endpoint",
+    "read_answer",
     "tls_context",
 ]
 
@@ -69,6 +77,8 @@ _TRY_MIN_S = 1.0
 # A connect slower than this, even across regions, is to a dead or unreachable node.
 _CONNECT_MAX_S = 3.0
 _RETRY_AFTER_DEFAULT_S = 1.0
+# The longest answer read by default (module docstring).
+ANSWER_BYTES_MAX = 1 << 30
 _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()
 
@@ -228,6 +238,7 @@ class Transport:
         ca_file: str | None = None,
         cert_file: str | None = None,
         key_file: str | None = None,
+        answer_bytes_max: int = ANSWER_BYTES_MAX,
     ) -> None:
         if isinstance(endpoints, str):
             listed = [endpoints]
@@ -243,6 +254,15 @@ class Transport:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
         self.endpoints: tuple[str, ...] = tuple(normalize_endpoint(item) for item in listed)
         self.timeout_s = timeout_s
+        if (
+            not isinstance(answer_bytes_max, int)
+            or isinstance(answer_bytes_max, bool)
+            or answer_bytes_max <= 0
+        ):
+            raise ValueError(
+                f"answer_bytes_max must be a positive number of bytes, got {answer_bytes_max!r}"
+            )
+        self.answer_bytes_max = answer_bytes_max
         if client_id is not None and not isinstance(client_id, str):
             raise TypeError(f"client_id must be a str, got {type(client_id).__name__}")
         if client_id:
@@ -425,7 +445,7 @@ class Transport:
                 total=timeout_s, sock_connect=min(timeout_s, _CONNECT_MAX_S)
             ),
         ) as response:
-            raw = await response.read()
+            raw = await read_answer(response, self.answer_bytes_max)
             return _Answer(
                 status=response.status,
                 document=_decode(raw),
@@ -449,6 +469,29 @@ class Transport:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise ClusterUnavailable(f"{endpoint} did not answer: {error}") from None
         return answer.status, answer.document
+
+
+class AnswerTooLong(aiohttp.ClientPayloadError):
+    """An answer longer than the bound it was read under. A payload error, as a broken answer is:
+    whoever catches `aiohttp.ClientError` treats the answer as lost."""
+
+    def __init__(self, bytes_max: int) -> None:
+        super().__init__(f"the answer is longer than {bytes_max} bytes (answer_bytes_max)")
+
+
+async def read_answer(response: aiohttp.ClientResponse, bytes_max: int) -> bytes:
+    """The answer's body, or `AnswerTooLong` as soon as it is known to exceed `bytes_max` (from
+    its Content-Length, or while it arrives); the connection is then closed, not reused."""
+    if response.content_length is not None and response.content_length > bytes_max:
+        response.close()
+        raise AnswerTooLong(bytes_max)
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) > bytes_max:
+            response.close()
+            raise AnswerTooLong(bytes_max)
+    return bytes(body)
 
 
 def _with_wait(
