@@ -125,6 +125,10 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # request.body_timeout (a body sent slowly, or announced and not sent, would hold a place
     # among the requests in flight).
     request_timeout_s: float = 10.0
+    # Request bodies being received at once. A body is received before its request is counted
+    # among those in flight, so a slow upload holds no place there; this bounds the memory the
+    # bodies take (each at most `body_bytes_max`); beyond it 429 with Retry-After.
+    bodies_arriving_max: int = 256
     # A connection with no request being handled is closed after this long without one: idle
     # between requests, or still sending its request's headers (a slow client holding a
     # connection open byte by byte). aiohttp's own default is about an hour.
@@ -555,6 +559,7 @@ def _check_http(http: HttpConfig) -> None:
         "requests_in_flight_max",
         "streams_max",
         "request_timeout_s",
+        "bodies_arriving_max",
         "idle_timeout_s",
         "shutdown_grace_s",
     ):

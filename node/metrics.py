@@ -290,6 +290,15 @@ class NodeMetrics:
             "(bounded by http.requests_in_flight_max).",
             registry=self.registry,
         ).set_function(lambda: self.requests_in_flight)
+        # Request bodies being received before their requests are admitted (`node.api.admission`),
+        # refused beyond `http.bodies_arriving_max`.
+        self.bodies_arriving = 0
+        Gauge(
+            "xr_http_bodies_arriving",
+            "HTTP request bodies being received, before their requests are admitted "
+            "(bounded by http.bodies_arriving_max).",
+            registry=self.registry,
+        ).set_function(lambda: self.bodies_arriving)
         self.leader_changes = PromCounter(
             "xr_raft_leader_changes",
             "Leader changes this node has seen since it started.",

@@ -841,8 +841,8 @@ _ERRORS: dict[int, str] = {
     410: "The revision is older than the retained change history (kv.compacted).",
     413: "The body is larger than http.body_bytes_max, or a field is over its size limit "
     "(limit.payload_too_large).",
-    429: "Too many waiting requests, streams or proposals on this node; retry after Retry-After "
-    "(limit.capacity, cluster.overloaded).",
+    429: "Too many requests being handled, bodies being received, waits, streams or proposals "
+    "on this node; retry after Retry-After (limit.capacity, cluster.overloaded).",
     503: "No leader or quorum is reachable, or the leader changed (cluster.unavailable, "
     "cluster.leader_changed, cluster.unknown_outcome); retry after Retry-After.",
     504: "No answer in time; a write may or may not have been applied (cluster.timeout, "

@@ -29,6 +29,7 @@ __all__ = [
     "query_int",
     "query_text",
     "read_body",
+    "receive_body",
     "reject_unknown",
     "respond",
     "value_from_body",
@@ -61,12 +62,26 @@ def respond(request: web.Request, document: Any, *, status: int = 200) -> web.Re
     )
 
 
+async def receive_body(request: web.Request) -> bytes:
+    """The request body's bytes as sent. aiohttp keeps them once read, so the admission
+    middleware receives a body before its request is admitted and the handler reads the same
+    bytes. The size limit is aiohttp's `client_max_size` (413 from the error middleware); a body
+    that has not arrived within `BODY_TIMEOUT_S` is 408."""
+    timeout_s = request.app.get(BODY_TIMEOUT_S, _BODY_TIMEOUT_S_DEFAULT)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise BodyTimeout(
+            f"the request body did not arrive within {timeout_s:g} s (http.request_timeout_s)"
+        ) from None
+
+
 async def read_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
-    """The request body as a mapping. The size limit is enforced by aiohttp's
-    `client_max_size` (413 from the error middleware); a body that is not an object is 400, and
-    one that has not arrived within `BODY_TIMEOUT_S` is 408. A compressed body is refused: the
-    node does not decompress request bodies (a small one can expand without end)."""
-    if not request.can_read_body:
+    """The request body as a mapping (`receive_body`); a body that is not an object is 400. A
+    compressed body is refused: the node does not decompress request bodies (a small one can
+    expand without end)."""
+    if not request.body_exists:
         if required:
             raise InvalidArgument("the request needs a body (a JSON object)")
         return {}
@@ -76,14 +91,7 @@ async def read_body(request: web.Request, *, required: bool = True) -> dict[str,
             f"request bodies are not accepted compressed (Content-Encoding: {encoding}); send "
             "it as is"
         )
-    timeout_s = request.app.get(BODY_TIMEOUT_S, _BODY_TIMEOUT_S_DEFAULT)
-    try:
-        async with asyncio.timeout(timeout_s):
-            data = await request.read()
-    except TimeoutError:
-        raise BodyTimeout(
-            f"the request body did not arrive within {timeout_s:g} s (http.request_timeout_s)"
-        ) from None
+    data = await receive_body(request)
     kind = request.content_type
     name = "msgpack" if kind in _MSGPACK_TYPES else "JSON"
     try:

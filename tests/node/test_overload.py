@@ -25,11 +25,12 @@ from aiohttp.test_utils import TestClient
 
 from bench import overload
 from node.api.app import SERVICES, Services, create_app
-from tests.node.conftest import Answer, ApiNode, eventually
+from tests.node.conftest import Answer, ApiNode, auth_headers, eventually
 
 pytestmark = pytest.mark.integration
 
 IN_FLIGHT_MAX = 2
+BODIES_ARRIVING_MAX = 4
 HOLD = "/v1/overload-test/hold"
 
 
@@ -55,6 +56,25 @@ class Bounded:
 
     def in_flight(self) -> int:
         return self.services.metrics.requests_in_flight
+
+    def arriving(self) -> int:
+        return self.services.metrics.bodies_arriving
+
+    async def slow_bodies(self, count: int) -> list[asyncio.StreamWriter]:
+        """Starts `count` PUTs whose bodies arrive no further than their first bytes."""
+        server = self.client.server
+        head = "".join(f"{name}: {value}\r\n" for name, value in auth_headers("alpha").items())
+        writers = []
+        for _ in range(count):
+            _, writer = await asyncio.open_connection(server.host, server.port)
+            writer.write(
+                b"PUT /v1/kv/overload-slow HTTP/1.1\r\nHost: x\r\n"
+                + head.encode()
+                + b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"value": "'
+            )
+            await writer.drain()
+            writers.append(writer)
+        return writers
 
     async def call(self, method: str, path: str, **options: Any) -> Answer:
         return await self.node.call(method, path, client=self.client, **options)
@@ -86,7 +106,12 @@ class Bounded:
 def bounded(api: ApiNode) -> Iterator[Bounded]:
     config = api.config
     config = dataclasses.replace(
-        config, http=msgspec.structs.replace(config.http, requests_in_flight_max=IN_FLIGHT_MAX)
+        config,
+        http=msgspec.structs.replace(
+            config.http,
+            requests_in_flight_max=IN_FLIGHT_MAX,
+            bodies_arriving_max=BODIES_ARRIVING_MAX,
+        ),
     )
     held = Held()
 
@@ -179,6 +204,59 @@ def test_admission__handler_fails__its_place_is_given_back(bounded: Bounded) -> 
         bounded.release()
     assert [answer.status for answer in failed] == [500] * IN_FLIGHT_MAX
     assert bounded.in_flight() == 0
+
+
+def test_admission__slow_request_bodies__hold_no_place_among_the_requests_in_flight(
+    bounded: Bounded,
+) -> None:
+    """A body is received before its request is admitted: more slow uploads than
+    `http.requests_in_flight_max` leave reads and quick writes answered (each slow one held a
+    place for up to `http.request_timeout_s` and made every other call 429)."""
+
+    async def scenario() -> tuple[Answer, Answer, int]:
+        slow = await bounded.slow_bodies(IN_FLIGHT_MAX + 1)
+        try:
+            await eventually(lambda: bounded.arriving() == IN_FLIGHT_MAX + 1)
+            read = await bounded.call("GET", "/v1/kv/overload-slow")
+            write = await bounded.call("PUT", "/v1/kv/overload-quick", json={"value": "x"})
+            return read, write, bounded.in_flight()
+        finally:
+            for writer in slow:
+                writer.close()
+
+    read, write, in_flight = bounded.node.run(scenario())
+    assert (read.status, read.error_code) == (404, "not_found")
+    assert write.status == 200, write.body
+    assert in_flight == 0
+    # Clients that went away mid-body give their places back.
+    bounded.node.run(eventually(lambda: bounded.arriving() == 0))
+
+
+def test_admission__bodies_arriving_bound_reached__a_body_is_refused_and_a_read_is_not(
+    bounded: Bounded,
+) -> None:
+    async def scenario() -> tuple[Answer, Answer, Answer, Answer]:
+        slow = await bounded.slow_bodies(BODIES_ARRIVING_MAX)
+        try:
+            await eventually(lambda: bounded.arriving() == BODIES_ARRIVING_MAX)
+            refused = await bounded.call("PUT", "/v1/kv/overload-quick", json={"value": "x"})
+            read = await bounded.call("GET", "/v1/kv/overload-slow")
+            # A health check is never refused, even one that (oddly) carries a body.
+            health = await bounded.call("GET", "/healthz", token=None, json={"odd": True})
+            metrics = await bounded.call("GET", "/metrics", token=None)
+            return refused, read, health, metrics
+        finally:
+            for writer in slow:
+                writer.close()
+
+    refused, read, health, metrics = bounded.node.run(scenario())
+    assert (refused.status, refused.error_code) == (429, "limit.capacity")
+    assert refused.headers["Retry-After"] == "1"
+    assert "http.bodies_arriving_max" in refused.document["error"]["message"]
+    assert (read.status, read.error_code) == (404, "not_found")
+    assert health.status == 200
+    assert f"xr_http_bodies_arriving {BODIES_ARRIVING_MAX}.0".encode() in metrics.body
+    bounded.node.run(eventually(lambda: bounded.arriving() == 0))
 
 
 def test_admission__bound_reached__waits_and_health_checks_are_not_counted(
