@@ -45,6 +45,8 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 # otherwise hold its connection and its place among the requests in flight for ever.
 BODY_TIMEOUT_S = web.AppKey("body_timeout_s", float)
 _BODY_TIMEOUT_S_DEFAULT = 10.0
+# A body once received (`receive_body`): the handler's read takes it without another timer.
+_RECEIVED = web.RequestKey("received_body", bytes)
 
 
 def wants_msgpack(request: web.Request) -> bool:
@@ -67,14 +69,18 @@ async def receive_body(request: web.Request) -> bytes:
     middleware receives a body before its request is admitted and the handler reads the same
     bytes. The size limit is aiohttp's `client_max_size` (413 from the error middleware); a body
     that has not arrived within `BODY_TIMEOUT_S` is 408."""
+    if _RECEIVED in request:
+        return request[_RECEIVED]
     timeout_s = request.app.get(BODY_TIMEOUT_S, _BODY_TIMEOUT_S_DEFAULT)
     try:
         async with asyncio.timeout(timeout_s):
-            return await request.read()
+            received = await request.read()
     except TimeoutError:
         raise BodyTimeout(
             f"the request body did not arrive within {timeout_s:g} s (http.request_timeout_s)"
         ) from None
+    request[_RECEIVED] = received
+    return received
 
 
 async def read_body(request: web.Request, *, required: bool = True) -> dict[str, Any]:
