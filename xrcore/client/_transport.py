@@ -254,11 +254,11 @@ class Transport:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
         self.endpoints: tuple[str, ...] = tuple(normalize_endpoint(item) for item in listed)
         self.timeout_s = timeout_s
-        if (
-            not isinstance(answer_bytes_max, int)
-            or isinstance(answer_bytes_max, bool)
-            or answer_bytes_max <= 0
-        ):
+        if not isinstance(answer_bytes_max, int) or isinstance(answer_bytes_max, bool):
+            raise TypeError(
+                f"answer_bytes_max must be an int, got {type(answer_bytes_max).__name__}"
+            )
+        if answer_bytes_max <= 0:
             raise ValueError(
                 f"answer_bytes_max must be a positive number of bytes, got {answer_bytes_max!r}"
             )
