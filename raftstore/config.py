@@ -78,6 +78,8 @@ class RaftConfig:
     # xr never serves default reads from local state, so this only bounds how long an isolated
     # leader keeps accepting proposals that will fail.
     leader_fallback_timeout_s: float = 5.0
+    # A peer connection silent this long is closed; an incoming one must also identify itself
+    # within it of its accept (`raftstore.frames`).
     connection_timeout_s: float = 3.5
     connection_retry_time_s: float = 1.0
     # Entries larger than this are sent in chunks, and pysyncobj 0.3.17 computes the end of a

@@ -14,8 +14,17 @@ a frame longer than `HANDSHAKE_FRAME_BYTES_MAX` or a negative length closes it. 
 peer has shown it holds the secret (or, without one, it is on loopback, which xr trusts), and
 frames are bounded only by pysyncobj's own batching.
 
+Connections, too: pysyncobj checks a connection's timeout only when something happens on it, so
+a connection that is accepted and then sends nothing was held for ever (a descriptor each; a
+stranger opening them without end would take every descriptor the node has, its HTTP API and
+journal included). An incoming connection must now identify itself (the handshake above: the
+connecting member's address, after the key exchange with a secret) within the member's
+connection timeout (`raft.connection_timeout_s`, 3.5 s) from its accept, or it is closed; and at
+most `UNIDENTIFIED_CONNECTIONS_MAX` may wait at once: beyond that the oldest is closed, so a
+member's own handshake (a round trip or two) still gets through all but a flood faster than that.
+
 Installed once, on import of `raftstore.replica`'s dependencies, by patching pysyncobj's
-`TcpConnection`: the patch changes nothing for a well-behaved peer.
+`TcpConnection` and `TCPTransport`: the patch changes nothing for a well-behaved peer.
 
 `install` also changes how small frames are compressed. pysyncobj zlib-compresses every message
 at level 3, and most messages are small (an answer, one group's entry), where compression saves
@@ -31,14 +40,23 @@ per put 0.88x, 0.92x and 0.94x at 1, 16 and 64 in flight, puts 1.12x, 1.07x and 
 
 from __future__ import annotations
 
+import math
 import struct
+import time
 import zlib
 from typing import Any
 
 import pysyncobj.tcp_connection as tcp_connection_module
 from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.transport import TCPTransport
 
-__all__ = ["HANDSHAKE_FRAME_BYTES_MAX", "STORED_FRAME_BYTES_MAX", "SmallFramesStored", "install"]
+__all__ = [
+    "HANDSHAKE_FRAME_BYTES_MAX",
+    "STORED_FRAME_BYTES_MAX",
+    "UNIDENTIFIED_CONNECTIONS_MAX",
+    "SmallFramesStored",
+    "install",
+]
 
 # A handshake frame is under 200 bytes (a Fernet token of a 32-byte key or an address); this
 # leaves room for long host names while bounding what a stranger can make a member hold.
@@ -48,6 +66,11 @@ _PARSE = "_TcpConnection__processParseMessage"
 _READ = "_TcpConnection__processRead"
 _BUFFER = "_TcpConnection__readBuffer"
 _TRUSTED = "_xr_trusted"
+_ACCEPTED_AT = "_xr_accepted_at"
+
+# Incoming connections that have not yet identified themselves, at once. A cluster has at most
+# `xrcore.limits.Limits.regions_max` (64) members, and each connects to each other once.
+UNIDENTIFIED_CONNECTIONS_MAX = 64
 
 
 # Messages shorter than this (pickled) are sent uncompressed, in deflate's stored blocks.
@@ -113,4 +136,42 @@ def install() -> None:
     setattr(TcpConnection, _READ, process_read)
     setattr(TcpConnection, _PARSE, process_parse)
     setattr(TcpConnection, "disconnect", disconnect)  # noqa: B010
+    _install_connection_bounds()
     setattr(TcpConnection, "_xr_frames_installed", True)  # noqa: B010
+
+
+def _close(transport: Any, connection: Any) -> None:
+    connection.disconnect()
+    transport._unknownConnections.discard(connection)
+
+
+def _close_unidentified(transport: Any, now_s: float) -> None:
+    """Closes the incoming connections that have not identified themselves within the
+    connection timeout of their accept. Called on every tick; a no-op when none waits."""
+    unknown = transport._unknownConnections
+    if not unknown:
+        return
+    deadline_s = now_s - transport._syncObj.conf.connectionTimeout
+    for connection in [c for c in unknown if getattr(c, _ACCEPTED_AT, math.inf) < deadline_s]:
+        _close(transport, connection)
+
+
+def _install_connection_bounds() -> None:
+    # pysyncobj registers the transport's bound `_onTick` and `_onNewIncomingConnection` when it
+    # makes the transport, so members made after this use the patched ones.
+    original_new = getattr(TCPTransport, "_onNewIncomingConnection")  # noqa: B009 - no stub
+    original_tick = getattr(TCPTransport, "_onTick")  # noqa: B009 - no stub
+
+    def on_new_incoming(transport: Any, connection: Any) -> None:
+        setattr(connection, _ACCEPTED_AT, time.monotonic())
+        original_new(transport, connection)
+        unknown = transport._unknownConnections
+        if len(unknown) > UNIDENTIFIED_CONNECTIONS_MAX:
+            _close(transport, min(unknown, key=lambda c: getattr(c, _ACCEPTED_AT, math.inf)))
+
+    def on_tick(transport: Any) -> None:
+        original_tick(transport)
+        _close_unidentified(transport, time.monotonic())
+
+    setattr(TCPTransport, "_onNewIncomingConnection", on_new_incoming)  # noqa: B010
+    setattr(TCPTransport, "_onTick", on_tick)  # noqa: B010

@@ -1,8 +1,11 @@
-"""A stranger on the Raft port cannot make a member buffer more than a handshake's worth.
+"""A stranger on the Raft port cannot make a member buffer more than a handshake's worth, nor
+hold its connections.
 
 pysyncobj trusts a frame's announced length before authenticating it (`raftstore.frames`): these
 tests announce a huge and a negative length on a member's Raft port and stream data after it; the
-member must hang up long before the stream ends, and keep committing writes.
+member must hang up long before the stream ends, and keep committing writes. Connections that
+never identify themselves (silent, or trickling bytes) must be closed after the connection
+timeout, and no more than `UNIDENTIFIED_CONNECTIONS_MAX` held at once.
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ from pathlib import Path
 import pytest
 
 from raftstore.config import RaftConfig
-from raftstore.frames import HANDSHAKE_FRAME_BYTES_MAX, STORED_FRAME_BYTES_MAX, SmallFramesStored
+from raftstore.frames import (
+    HANDSHAKE_FRAME_BYTES_MAX,
+    STORED_FRAME_BYTES_MAX,
+    UNIDENTIFIED_CONNECTIONS_MAX,
+    SmallFramesStored,
+)
 from raftstore.store import RaftStore
 from xrcore.commands import KvPut
 
@@ -94,6 +102,118 @@ async def _scenario(tmp_path: Path, secret: str | None) -> None:
         assert applied.result.unwrap() is not None
     finally:
         await store.stop()
+
+
+# Connections that never identify themselves.
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _member(tmp_path: Path, secret: str | None, connection_timeout_s: float) -> RaftStore:
+    port = _free_port()
+    store = RaftStore(
+        RaftConfig(
+            self_address=f"127.0.0.1:{port}",
+            peers=(),
+            data_dir=tmp_path / "raft",
+            cluster_secret=secret,
+            connection_timeout_s=connection_timeout_s,
+        )
+    )
+    await store.start()
+    return store
+
+
+async def _connect(store: RaftStore, count: int) -> list[Connection]:
+    port = int(store.config.self_address.rpartition(":")[2])
+    return [await asyncio.open_connection("127.0.0.1", port) for _ in range(count)]
+
+
+async def _closed_by_member(connection: Connection, wait_s: float) -> bool:
+    """Whether the member hangs up on `connection` within `wait_s`."""
+    try:
+        async with asyncio.timeout(wait_s):
+            return await connection[0].read(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+
+
+async def _close_all(connections: list[Connection]) -> None:
+    for _, writer in connections:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+@pytest.mark.parametrize("secret", [SECRET, None], ids=["with-secret", "loopback-no-secret"])
+def test_raft_port__connections_that_never_identify_themselves__are_closed_after_the_timeout(
+    tmp_path: Path, secret: str | None
+) -> None:
+    """pysyncobj checked a connection's timeout only when something happened on it: a silent
+    connection was held for ever (a descriptor each), and one trickling a byte now and then kept
+    itself alive."""
+
+    async def scenario() -> None:
+        store = await _member(tmp_path, secret, connection_timeout_s=1.0)
+        connections: list[Connection] = []
+        try:
+            connections = await _connect(store, 20)
+            trickling = connections[-1]
+            # A frame's length, then a byte every 0.3 s: never silent for the 1 s timeout.
+            trickling[1].write(struct.pack("i", 1000))
+
+            async def trickle() -> None:
+                while True:
+                    await asyncio.sleep(0.3)
+                    trickling[1].write(b"x")
+                    with contextlib.suppress(ConnectionError):
+                        await trickling[1].drain()
+
+            trickler = asyncio.create_task(trickle())
+            try:
+                closed = await asyncio.gather(
+                    *(_closed_by_member(item, HANG_UP_WAIT_S) for item in connections)
+                )
+            finally:
+                trickler.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                    await trickler
+            assert all(closed), f"{closed.count(False)} of 20 connections are still held"
+            applied = await store.propose(KvPut(key="after", value=b"here"), timeout_s=30.0)
+            assert applied.result.unwrap() is not None
+        finally:
+            await _close_all(connections)
+            await store.stop()
+
+    asyncio.run(scenario())
+
+
+def test_raft_port__beyond_the_bound_of_unidentified_connections__the_oldest_are_closed(
+    tmp_path: Path,
+) -> None:
+    extra = 8
+
+    async def scenario() -> None:
+        # A timeout far longer than the test: only the bound closes connections here.
+        store = await _member(tmp_path, SECRET, connection_timeout_s=60.0)
+        connections: list[Connection] = []
+        try:
+            connections = await _connect(store, UNIDENTIFIED_CONNECTIONS_MAX + extra)
+            oldest = await asyncio.gather(
+                *(_closed_by_member(item, HANG_UP_WAIT_S) for item in connections[:extra])
+            )
+            assert all(oldest), oldest
+            newest = [await _closed_by_member(item, 0.05) for item in connections[extra:]]
+            assert not any(newest), f"{newest.count(True)} of the newest were closed"
+            applied = await store.propose(KvPut(key="after", value=b"here"), timeout_s=30.0)
+            assert applied.result.unwrap() is not None
+        finally:
+            await _close_all(connections)
+            await store.stop()
+
+    asyncio.run(scenario())
 
 
 # Small frames sent uncompressed, readable by any member.
