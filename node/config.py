@@ -121,6 +121,9 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     requests_in_flight_max: int = 256
     # Server-Sent Event streams open at once.
     streams_max: int = 200
+    # An event stream one of whose writes waits this long for its client to take data is closed:
+    # a client that keeps its connection but stops reading would hold a stream's place for ever.
+    stream_write_timeout_s: float = 30.0
     # How long a request's body may take to arrive once the node reads it; beyond it 408
     # request.body_timeout (a body sent slowly, or announced and not sent, would hold a place
     # among the requests in flight).
@@ -558,6 +561,7 @@ def _check_http(http: HttpConfig) -> None:
         "waiting_requests_max",
         "requests_in_flight_max",
         "streams_max",
+        "stream_write_timeout_s",
         "request_timeout_s",
         "bodies_arriving_max",
         "idle_timeout_s",

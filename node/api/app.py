@@ -30,7 +30,7 @@ from aiohttp import web
 
 from node.api.audit import READ_METHODS, AuditLog
 from node.api.auth import Access, Authenticator, Permission, Principal, rule_for
-from node.api.wire import BODY_TIMEOUT_S, respond
+from node.api.wire import BODY_TIMEOUT_S, STREAM_WRITE_TIMEOUT_S, respond
 from node.config import NodeConfig
 from node.metrics import NodeMetrics
 from raftstore.clock import Clock, RealClock
@@ -459,6 +459,7 @@ def create_app(
         metrics=NodeMetrics(store, config.region.name),
     )
     app[BODY_TIMEOUT_S] = config.http.request_timeout_s
+    app[STREAM_WRITE_TIMEOUT_S] = config.http.stream_write_timeout_s
     app.cleanup_ctx.append(_audit_log)
     app.cleanup_ctx.append(_reload_tokens_on_hangup)
     for module in (

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from node.api.app import principal, read, services
 from node.api.auth import Permission, Principal
-from node.api.wire import respond
+from node.api.wire import respond, write_to_stream
 from xrcore import StateMachine, regions
 from xrcore.errors import CapacityExceeded
 from xrcore.model import Job, Task, TaskState
@@ -367,12 +367,12 @@ async def _send_snapshots(
                     request, caller, store.replica.read(_query(caller)), stale=True
                 )
                 sent_index = document["index"]
-                await response.write(_event("state", document))
+                await write_to_stream(request, response, _event("state", document))
                 sent_s = loop.time()
                 # The throttle: entries applied meanwhile go into the next snapshot.
                 await asyncio.sleep(_EVENTS_INTERVAL_S)
             elif loop.time() - sent_s >= _KEEPALIVE_S:
-                await response.write(b": keepalive\n\n")
+                await write_to_stream(request, response, b": keepalive\n\n")
                 sent_s = loop.time()
             await store.wait_applied(sent_index, timeout_s=1.0)
     except ConnectionResetError:

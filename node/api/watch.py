@@ -21,7 +21,7 @@ from aiohttp import web
 from node.api.app import principal, read, services, wait_s, waiting_slot
 from node.api.auth import Principal
 from node.api.kv import key_view
-from node.api.wire import query_float, query_int, query_text, respond
+from node.api.wire import query_float, query_int, query_text, respond, write_to_stream
 from xrcore import StateMachine, kv
 from xrcore.errors import CapacityExceeded, InvalidArgument, XrError
 
@@ -188,18 +188,20 @@ async def _stream(
         last_sent_s = loop.time()
         while True:
             for event in events:
-                await response.write(
+                await write_to_stream(
+                    request,
+                    response,
                     _sse(
                         "put" if event["kind"] == "put" else "delete",
                         _event_view(caller, event),
                         event_id=event["revision"],
-                    )
+                    ),
                 )
                 last_sent_s = loop.time()
             if node.stopping.is_set():
                 break
             if loop.time() - last_sent_s >= _SSE_KEEPALIVE_S:
-                await response.write(b": keepalive\n\n")
+                await write_to_stream(request, response, b": keepalive\n\n")
                 last_sent_s = loop.time()
             index = store.replica.read(lambda machine: machine.index)
             await store.wait_applied(index, timeout_s=1.0)
@@ -211,7 +213,7 @@ async def _stream(
                 )
             except XrError as error:
                 # The watcher fell behind the retained history.
-                await response.write(_sse("error", error.to_dict()))
+                await write_to_stream(request, response, _sse("error", error.to_dict()))
                 break
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()

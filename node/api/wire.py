@@ -22,6 +22,7 @@ from xrcore.errors import BodyTimeout, InvalidArgument, PayloadTooLarge
 __all__ = [
     "BODY_TIMEOUT_S",
     "MSGPACK",
+    "STREAM_WRITE_TIMEOUT_S",
     "bytes_fields",
     "field",
     "query_bool",
@@ -34,6 +35,7 @@ __all__ = [
     "respond",
     "value_from_body",
     "wants_msgpack",
+    "write_to_stream",
 ]
 
 MSGPACK = "application/msgpack"
@@ -45,6 +47,10 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 # otherwise hold its connection and its place among the requests in flight for ever.
 BODY_TIMEOUT_S = web.AppKey("body_timeout_s", float)
 _BODY_TIMEOUT_S_DEFAULT = 10.0
+# How long a write to an event stream may wait for its client to take data
+# (`http.stream_write_timeout_s`; set by `node.api.app.create_app`).
+STREAM_WRITE_TIMEOUT_S = web.AppKey("stream_write_timeout_s", float)
+_STREAM_WRITE_TIMEOUT_S_DEFAULT = 30.0
 # A body once received (`receive_body`): the handler's read takes it without another timer.
 _RECEIVED = web.RequestKey("received_body", bytes)
 
@@ -62,6 +68,24 @@ def respond(request: web.Request, document: Any, *, status: int = 200) -> web.Re
     return web.Response(
         body=_json_encoder.encode(document) + b"\n", status=status, content_type="application/json"
     )
+
+
+async def write_to_stream(request: web.Request, response: web.StreamResponse, data: bytes) -> None:
+    """Writes to an event stream. A write that waits `STREAM_WRITE_TIMEOUT_S` for the client to
+    take data (its connection open, the buffers full) cuts the client off: the connection is
+    aborted and ConnectionResetError raised, as for a client that went away, so the stream's place
+    is freed."""
+    timeout_s = request.app.get(STREAM_WRITE_TIMEOUT_S, _STREAM_WRITE_TIMEOUT_S_DEFAULT)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(data)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionResetError(
+            f"the client took no data from its event stream for {timeout_s:g} s "
+            "(http.stream_write_timeout_s)"
+        ) from None
 
 
 async def receive_body(request: web.Request) -> bytes:

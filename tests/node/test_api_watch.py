@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from aiohttp import ClientResponse
 
+from node.api.app import SERVICES, create_app
 from tests.node.conftest import Answer, ApiNode, auth_headers, eventually
 from xrcore.limits import Limits
 
@@ -176,3 +180,47 @@ def test_watch__from_a_compacted_revision__is_410_for_long_poll_and_sse(
     assert [event["key"] for event in retained["events"]] == [
         f"compacted-{position}" for position in range(2, 6)
     ]
+
+
+def test_sse__a_client_that_stops_reading__is_cut_off_and_its_stream_place_freed(
+    tmp_path: Path,
+) -> None:
+    """A client that keeps its connection open but reads nothing used to hold its stream (one of
+    `http.streams_max`) for ever: each write waited for room in the socket without end."""
+    node = ApiNode(tmp_path)
+    config = dataclasses.replace(
+        node.config, http=msgspec.structs.replace(node.config.http, stream_write_timeout_s=0.5)
+    )
+
+    async def scenario() -> None:
+        app = create_app(config, store=node.store)
+        client = await node.serve(app)
+        services = app[SERVICES]
+        loop = asyncio.get_running_loop()
+        stalled = socket.socket()
+        # A small receive window, never read: the node's writes back up quickly.
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.setblocking(False)
+        try:
+            await loop.sock_connect(stalled, (client.server.host, client.server.port))
+            head = "".join(f"{name}: {value}\r\n" for name, value in auth_headers("alpha").items())
+            await loop.sock_sendall(
+                stalled,
+                b"GET /v1/watch?prefix=stall/&from_revision=1 HTTP/1.1\r\nHost: x\r\n"
+                b"Accept: text/event-stream\r\n" + head.encode() + b"\r\n",
+            )
+            await eventually(lambda: services.streams == 1)
+            value = "x" * 60_000
+            for number in range(400):
+                if services.streams == 0:
+                    break
+                answer = await node.call("PUT", f"/v1/kv/stall/{number}", json={"value": value})
+                assert answer.status == 200, answer.body
+            await eventually(lambda: services.streams == 0)
+        finally:
+            stalled.close()
+
+    try:
+        node.run(scenario())
+    finally:
+        node.close()
