@@ -18,6 +18,7 @@ import socket
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,25 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+async def _member(tmp_path: Path, secret: str | None, **settings: Any) -> RaftStore:
+    """A started one-member cluster on a free loopback port, with `settings` for its config."""
+    store = RaftStore(
+        RaftConfig(
+            self_address=f"127.0.0.1:{_free_port()}",
+            peers=(),
+            data_dir=tmp_path / "raft",
+            cluster_secret=secret,
+            **settings,
+        )
+    )
+    await store.start()
+    return store
+
+
+def _port(store: RaftStore) -> int:
+    return int(store.config.self_address.rpartition(":")[2])
 
 
 async def _stream_after(port: int, prefix: bytes) -> tuple[int, bool]:
@@ -83,19 +103,10 @@ def test_raft_port__a_huge_or_negative_frame_length__is_hung_up_on_and_the_membe
 
 
 async def _scenario(tmp_path: Path, secret: str | None) -> None:
-    port = _free_port()
-    store = RaftStore(
-        RaftConfig(
-            self_address=f"127.0.0.1:{port}",
-            peers=(),
-            data_dir=tmp_path / "raft",
-            cluster_secret=secret,
-        )
-    )
-    await store.start()
+    store = await _member(tmp_path, secret)
     try:
         for length in (1 << 30, HANDSHAKE_FRAME_BYTES_MAX + 1, -5):
-            sent, hung_up = await _stream_after(port, struct.pack("i", length))
+            sent, hung_up = await _stream_after(_port(store), struct.pack("i", length))
             assert hung_up, f"length {length}: the member read {sent} bytes and kept listening"
             assert sent < STREAM_BYTES, f"length {length}: the member took the whole stream"
         applied = await store.propose(KvPut(key="after", value=b"still here"), timeout_s=30.0)
@@ -109,24 +120,8 @@ async def _scenario(tmp_path: Path, secret: str | None) -> None:
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-async def _member(tmp_path: Path, secret: str | None, connection_timeout_s: float) -> RaftStore:
-    port = _free_port()
-    store = RaftStore(
-        RaftConfig(
-            self_address=f"127.0.0.1:{port}",
-            peers=(),
-            data_dir=tmp_path / "raft",
-            cluster_secret=secret,
-            connection_timeout_s=connection_timeout_s,
-        )
-    )
-    await store.start()
-    return store
-
-
 async def _connect(store: RaftStore, count: int) -> list[Connection]:
-    port = int(store.config.self_address.rpartition(":")[2])
-    return [await asyncio.open_connection("127.0.0.1", port) for _ in range(count)]
+    return [await asyncio.open_connection("127.0.0.1", _port(store)) for _ in range(count)]
 
 
 async def _closed_by_member(connection: Connection, wait_s: float) -> bool:
