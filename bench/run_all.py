@@ -93,6 +93,12 @@ BENCHMARKS = (
         "a bare asyncio protocol answering the same puts, alternating in the same run",
     ),
     Benchmark(
+        "pickling",
+        ("bench/pickling.py", "--puts", "5000", "--rounds", "3"),
+        60,
+        "pysyncobj 0.3.17's own pickling (protocol 2, pickle.loads), alternating in the same run",
+    ),
+    Benchmark(
         "sync_cost",
         ("bench/sync_cost.py",),
         120,

@@ -81,7 +81,8 @@ class RaftSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     cluster_secret_file: str | None = None
     bind_address: str | None = None
     # Let Raft listen or connect off loopback without a cluster secret (the `--insecure` flag):
-    # anyone who reaches the port can then run code on this node. Logged at every start.
+    # anyone who reaches the port can then pose as a member and rewrite the cluster's state.
+    # Logged at every start.
     insecure: bool = False
     # "write": a write is acknowledged once a majority has it in its journal file (the page
     # cache: it survives a crash of the process, not a power loss of a majority). "fsync": the

@@ -297,7 +297,8 @@ def log_raft_security(config: NodeConfig) -> None:
         log.warning(
             "raft.insecure (--insecure) is set and Raft runs off loopback (%s) without a cluster "
             "secret: Raft traffic is unauthenticated and unencrypted, and anyone who reaches the "
-            "Raft port can run code on this node. Set raft.cluster_secret_file on every node.",
+            "Raft port can pose as a member and rewrite the cluster's state. Set "
+            "raft.cluster_secret_file on every node.",
             ", ".join(off_loopback),
         )
     else:

@@ -171,8 +171,8 @@ class RaftConfig:
         if off_loopback and not self.cluster_secret and not self.insecure:
             raise InvalidArgument(
                 f"raft.cluster_secret is required when Raft listens or connects off loopback "
-                f"({', '.join(off_loopback)}): without it anyone who reaches the port can run "
-                "code on this node (--insecure allows it)"
+                f"({', '.join(off_loopback)}): without it anyone who reaches the port can pose "
+                "as a member and rewrite the cluster's state (--insecure allows it)"
             )
 
     @property

@@ -23,6 +23,16 @@ connection timeout (`raft.connection_timeout_s`, 3.5 s) from its accept, or it i
 most `UNIDENTIFIED_CONNECTIONS_MAX` may wait at once: beyond that the oldest is closed, so a
 member's own handshake (a round trip or two) still gets through all but a flood faster than that.
 
+What a connection may identify itself as, too: pysyncobj takes as an incoming connection's first
+message (after the key exchange, with a secret) a member's address, but also `"readonly"`, which
+makes the stranger a non-voting replica the leader sends the whole log to, and a utility command
+(a list: add or remove a member, hand leadership over, set the code version, report the status),
+which it runs. Without a secret anyone who reached the port could so read every key and job, or
+take members out of the cluster, past xr's authorization; with a secret anyone who holds it. xr
+uses neither (members are added and removed through its API), so an incoming connection whose
+first message is not a member's address (or, with a secret, a 32-byte key and then an address)
+is closed before pysyncobj sees it.
+
 Installed once, on import of `raftstore.replica`'s dependencies, by patching pysyncobj's
 `TcpConnection` and `TCPTransport`: the patch changes nothing for a well-behaved peer.
 
@@ -72,6 +82,9 @@ _ACCEPTED_AT = "_xr_accepted_at"
 # `xrcore.limits.Limits.regions_max` (64) members, and each connects to each other once.
 UNIDENTIFIED_CONNECTIONS_MAX = 64
 
+
+# The random key each side of a connection sends first when there is a secret (os.urandom(32)).
+RANDOM_KEY_BYTES = 32
 
 # Messages shorter than this (pickled) are sent uncompressed, in deflate's stored blocks.
 STORED_FRAME_BYTES_MAX = 1024
@@ -156,11 +169,20 @@ def _close_unidentified(transport: Any, now_s: float) -> None:
         _close(transport, connection)
 
 
+def _identifies_a_member(transport: Any, connection: Any, message: Any) -> bool:
+    """Whether `message`, on an incoming connection that has not identified itself, is what a
+    member sends there: with a secret first its random key, then (as without) its address."""
+    if transport._syncObj.encryptor is not None and not connection.sendRandKey:
+        return isinstance(message, bytes) and len(message) == RANDOM_KEY_BYTES
+    return isinstance(message, str) and message in transport._nodeAddrToNode
+
+
 def _install_connection_bounds() -> None:
     # pysyncobj registers the transport's bound `_onTick` and `_onNewIncomingConnection` when it
     # makes the transport, so members made after this use the patched ones.
     original_new = getattr(TCPTransport, "_onNewIncomingConnection")  # noqa: B009 - no stub
     original_tick = getattr(TCPTransport, "_onTick")  # noqa: B009 - no stub
+    original_incoming = getattr(TCPTransport, "_onIncomingMessageReceived")  # noqa: B009
 
     def on_new_incoming(transport: Any, connection: Any) -> None:
         setattr(connection, _ACCEPTED_AT, time.monotonic())
@@ -173,5 +195,12 @@ def _install_connection_bounds() -> None:
         original_tick(transport)
         _close_unidentified(transport, time.monotonic())
 
+    def on_incoming_message(transport: Any, connection: Any, message: Any) -> None:
+        if _identifies_a_member(transport, connection, message):
+            original_incoming(transport, connection, message)
+        else:
+            _close(transport, connection)
+
     setattr(TCPTransport, "_onNewIncomingConnection", on_new_incoming)  # noqa: B010
+    setattr(TCPTransport, "_onIncomingMessageReceived", on_incoming_message)  # noqa: B010
     setattr(TCPTransport, "_onTick", on_tick)  # noqa: B010

@@ -41,13 +41,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-import pysyncobj.pickle as pysyncobj_pickle
 import pysyncobj.syncobj as syncobj_module
 from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
-from raftstore import frames
+from raftstore import frames, pickling
 from raftstore.background_sync import SyncRunner, SyncRunnerFactory
 from raftstore.config import RaftConfig
 from raftstore.files import fsync_directory, write_file_durably
@@ -144,7 +143,7 @@ class _IncomingSnapshot:
         if len(prefix) < offset + 8 + size:
             return None
         try:
-            meta = pysyncobj_pickle.loads(prefix[offset + 8 : offset + 8 + size])
+            meta = pickling.loads(prefix[offset + 8 : offset + 8 + size])
             return int(meta[0][1]), int(meta[0][2])
         except Exception:
             return None
@@ -213,12 +212,12 @@ class _DurableMetaStorer:
 
     def getMeta(self) -> Any:
         try:
-            return pysyncobj_pickle.loads(Path(self._path).read_bytes())
+            return pickling.loads(Path(self._path).read_bytes())
         except Exception:
             return {}
 
     def storeMeta(self, meta: Any) -> None:
-        write_file_durably(Path(self._path), pysyncobj_pickle.dumps(meta))
+        write_file_durably(Path(self._path), pickling.dumps(meta))
 
     def getPath(self) -> str:
         return self._path
@@ -682,8 +681,10 @@ class Replica(SyncObj):
         )
         if transport is None:
             _probe_bind(bind_address)
-        # Strangers on the Raft port may not announce frames bigger than a handshake.
+        # Strangers on the Raft port may not announce frames bigger than a handshake, nor
+        # identify themselves as anything but a member; and nothing a peer sends runs code.
         frames.install()
+        pickling.install()
         # pysyncobj makes its poller in its constructor through a module function, and hands it
         # to its transport there: the only way in is to stand in for that function meanwhile.
         create_poller = syncobj_module.createPoller
@@ -1171,7 +1172,7 @@ class Replica(SyncObj):
 def encode_raft_snapshot(raft_data: Any, state: bytes) -> bytes:
     """The snapshot file (`raft.snapshot`): xr's magic, pysyncobj's log metadata (the last two
     applied entries and the member set, pickled as pysyncobj would) and xrcore's snapshot."""
-    meta = pysyncobj_pickle.dumps(raft_data)
+    meta = pickling.dumps(raft_data)
     return SNAPSHOT_MAGIC + len(meta).to_bytes(8, "big") + meta + state
 
 
@@ -1180,7 +1181,7 @@ def decode_raft_snapshot(data: bytes, path: str) -> tuple[Any, bytes]:
         raise CodecError(f"{path} is not an xr raft snapshot")
     offset = len(SNAPSHOT_MAGIC)
     size = int.from_bytes(data[offset : offset + 8], "big")
-    meta = pysyncobj_pickle.loads(data[offset + 8 : offset + 8 + size])
+    meta = pickling.loads(data[offset + 8 : offset + 8 + size])
     return meta, data[offset + 8 + size :]
 
 
