@@ -14,15 +14,12 @@ import asyncio
 import contextlib
 import inspect
 import re
-import socket
 import struct
 import zlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from raftstore.config import RaftConfig
 from raftstore.frames import (
     HANDSHAKE_FRAME_BYTES_MAX,
     STORED_FRAME_BYTES_MAX,
@@ -30,6 +27,7 @@ from raftstore.frames import (
     SmallFramesStored,
 )
 from raftstore.store import RaftStore
+from tests.raftstore.one_member import raft_port, start_member
 from xrcore.commands import KvPut
 
 pytestmark = pytest.mark.integration
@@ -40,31 +38,6 @@ STREAM_BYTES = 16 << 20
 CHUNK_BYTES = 64 << 10
 # How long to wait for the member to hang up once the stream is sent (not asserted as a bound).
 HANG_UP_WAIT_S = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-async def _member(tmp_path: Path, secret: str | None, **settings: Any) -> RaftStore:
-    """A started one-member cluster on a free loopback port, with `settings` for its config."""
-    store = RaftStore(
-        RaftConfig(
-            self_address=f"127.0.0.1:{_free_port()}",
-            peers=(),
-            data_dir=tmp_path / "raft",
-            cluster_secret=secret,
-            **settings,
-        )
-    )
-    await store.start()
-    return store
-
-
-def _port(store: RaftStore) -> int:
-    return int(store.config.self_address.rpartition(":")[2])
 
 
 async def _stream_after(port: int, prefix: bytes) -> tuple[int, bool]:
@@ -103,10 +76,10 @@ def test_raft_port__a_huge_or_negative_frame_length__is_hung_up_on_and_the_membe
 
 
 async def _scenario(tmp_path: Path, secret: str | None) -> None:
-    store = await _member(tmp_path, secret)
+    store = await start_member(tmp_path, secret)
     try:
         for length in (1 << 30, HANDSHAKE_FRAME_BYTES_MAX + 1, -5):
-            sent, hung_up = await _stream_after(_port(store), struct.pack("i", length))
+            sent, hung_up = await _stream_after(raft_port(store), struct.pack("i", length))
             assert hung_up, f"length {length}: the member read {sent} bytes and kept listening"
             assert sent < STREAM_BYTES, f"length {length}: the member took the whole stream"
         applied = await store.propose(KvPut(key="after", value=b"still here"), timeout_s=30.0)
@@ -121,7 +94,7 @@ Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 async def _connect(store: RaftStore, count: int) -> list[Connection]:
-    return [await asyncio.open_connection("127.0.0.1", _port(store)) for _ in range(count)]
+    return [await asyncio.open_connection("127.0.0.1", raft_port(store)) for _ in range(count)]
 
 
 async def _closed_by_member(connection: Connection, wait_s: float) -> bool:
@@ -151,7 +124,7 @@ def test_raft_port__connections_that_never_identify_themselves__are_closed_after
     itself alive."""
 
     async def scenario() -> None:
-        store = await _member(tmp_path, secret, connection_timeout_s=1.0)
+        store = await start_member(tmp_path, secret, connection_timeout_s=1.0)
         connections: list[Connection] = []
         try:
             connections = await _connect(store, 20)
@@ -192,7 +165,7 @@ def test_raft_port__beyond_the_bound_of_unidentified_connections__the_oldest_are
 
     async def scenario() -> None:
         # A timeout far longer than the test: only the bound closes connections here.
-        store = await _member(tmp_path, SECRET, connection_timeout_s=60.0)
+        store = await start_member(tmp_path, SECRET, connection_timeout_s=60.0)
         connections: list[Connection] = []
         try:
             connections = await _connect(store, UNIDENTIFIED_CONNECTIONS_MAX + extra)

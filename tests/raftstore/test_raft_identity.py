@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import socket
 import struct
 import zlib
 from pathlib import Path
@@ -25,6 +24,7 @@ from pysyncobj.utility import TcpUtility, UtilityException
 
 from raftstore.config import RaftConfig
 from raftstore.store import RaftStore
+from tests.raftstore.one_member import free_port, raft_port, start_member
 from xrcore.commands import KvPut
 
 pytestmark = pytest.mark.integration
@@ -33,25 +33,6 @@ SECRET = "identity-cluster-secret"
 # How long a stranger's connection is held open to see what the member sends: a pause for the
 # member to act, not a bound that is asserted.
 HOLD_S = 1.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-async def _member(tmp_path: Path, secret: str | None) -> RaftStore:
-    store = RaftStore(
-        RaftConfig(
-            self_address=f"127.0.0.1:{_free_port()}",
-            peers=(),
-            data_dir=tmp_path / "raft",
-            cluster_secret=secret,
-        )
-    )
-    await store.start()
-    return store
 
 
 def _utility(address: str, command: list[object], secret: str | None) -> object:
@@ -75,7 +56,7 @@ def test_raft_port__utility_commands__are_refused_and_change_nothing(
     tmp_path: Path, secret: str | None
 ) -> None:
     async def scenario() -> None:
-        store = await _member(tmp_path, secret)
+        store = await start_member(tmp_path, secret)
         address = store.config.self_address
         try:
             await _commits(store, "before")
@@ -105,8 +86,8 @@ def test_raft_port__utility_commands__are_refused_and_change_nothing(
 
 def test_raft_port__a_readonly_replica__is_refused_and_sent_nothing(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = await _member(tmp_path, None)
-        port = int(store.config.self_address.rpartition(":")[2])
+        store = await start_member(tmp_path, None)
+        port = raft_port(store)
         try:
             await _commits(store, "before")
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -160,7 +141,7 @@ def test_raft_port__a_stranger_posing_as_a_member__cannot_run_code_through_a_com
 
     async def scenario() -> None:
         RAN.clear()
-        absent, *running = [f"127.0.0.1:{_free_port()}" for _ in range(3)]
+        absent, *running = [f"127.0.0.1:{free_port()}" for _ in range(3)]
         stores = [
             RaftStore(
                 RaftConfig(
