@@ -175,8 +175,9 @@ def node_run(config_path: str | None, settings: dict[str, str], check: bool, **f
 
 def _check_files(config: NodeConfig) -> None:
     """What `run` reads or writes at start besides the configuration, checked without starting:
-    the TLS files, the tokens file, the audit log's path and the data directory, so that a bad
-    one shows in `--check` rather than at start (`ConfigError`)."""
+    the TLS files, the tokens file, the audit log's path, the data directory and, with
+    `executor.job_user`, that jobs can run as that user, so that a bad one shows in `--check`
+    rather than at start (`ConfigError`)."""
     from node.api.audit import check_audit_path
     from node.api.auth import Authenticator
     from node.config import ConfigError
@@ -194,6 +195,18 @@ def _check_files(config: NodeConfig) -> None:
             raise ConfigError(
                 f"setting audit.path: {config.audit_path}: {error.strerror}"
             ) from None
+    if config.executor.enabled and config.executor.job_user is not None:
+        from node.executor.executor import worker_environment
+        from node.executor.job_user import check, lookup
+
+        user = lookup(config.executor.job_user)
+        check(
+            user,
+            python=config.executor.python or sys.executable,
+            environment=worker_environment(user),
+            checkpoint_dir=config.checkpoint_dir,
+            make_directory=False,
+        )
 
 
 def effective_settings(config: NodeConfig, path: Path | None) -> list[tuple[str, str, str]]:

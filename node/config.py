@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import pwd
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -212,6 +213,16 @@ class ExecutorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # Retry backoff after a failed attempt: base * 2^(failures - 1), at most max.
     retry_backoff_base_s: float = 1.0
     retry_backoff_max_s: float = 60.0
+    # Run every job as this OS user (a name), with its primary group and its own supplementary
+    # groups, so that a job, which is a tenant's code, cannot read the node's files (the cluster
+    # secret, the tokens file, the data directory). The node must run as root or with
+    # CAP_SETUID, CAP_SETGID and CAP_KILL; it checks at start that the user can run
+    # `executor.python` and write in the checkpoint directory (docs/security.md). Default: the
+    # node's own user.
+    job_user: str | None = None
+    # The Python interpreter that runs the workers. Default: the node's own. With job_user, one
+    # that user can run and import xr and its dependencies with.
+    python: str | None = None
 
 
 class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -664,6 +675,17 @@ def _check_executor(executor: ExecutorConfig) -> None:
         raise ConfigError(
             "setting executor.contact_lost_limit_s: must be at least executor.lease_ttl_s "
             f"(got {executor.contact_lost_limit_s} < {executor.lease_ttl_s})"
+        )
+    if executor.job_user is not None:
+        try:
+            pwd.getpwnam(executor.job_user)
+        except KeyError:
+            raise ConfigError(
+                f"setting executor.job_user: there is no user {executor.job_user!r} on this machine"
+            ) from None
+    if executor.python is not None and not executor.python:
+        raise ConfigError(
+            "setting executor.python: must not be empty (leave it out for the node's)"
         )
 
 

@@ -129,6 +129,8 @@ class Node:
 
     async def start(self) -> None:
         log_raft_security(self.config)
+        if self.executor is not None:
+            await self.executor.prepare()
         await self.store.start()
         self.runner = CappedAppRunner(
             self.app,

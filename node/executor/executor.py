@@ -6,7 +6,9 @@ Rules:
   mode); a claim creates the attempt, its fencing token and its lease in the log.
 - Each attempt runs in `python -m node.executor.worker` in its own process group, pinned to its
   devices with `CUDA_VISIBLE_DEVICES`; stdout and stderr go to a bounded log file; messages go
-  over a socketpair (`node.executor.protocol`).
+  over a socketpair (`node.executor.protocol`). Its environment is the node's without any `XR_`
+  variable (`job_environment`): those are the node's settings, the cluster secret among them, and
+  the `xr` client's credentials, and a job's log is shown to its tenant.
 - Every update it proposes carries the attempt's token: heartbeats (which renew the lease and
   carry progress), checkpoint commits, the completion or the failure. A definite rejection means
   the attempt was superseded (its lease expired and the task moved, or the job was cancelled):
@@ -32,12 +34,14 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.config import NodeConfig
+from node.config import ENV_PREFIX, NodeConfig
 from node.executor import protocol
+from node.executor.job_user import JobUser, check, lookup
 from raftstore.store import RaftStore
 from xrcore.commands import (
     Command,
@@ -54,13 +58,36 @@ from xrcore.errors import XrError
 from xrcore.limits import MESSAGE_BYTES_MAX, METRICS_PER_UPDATE_MAX
 from xrcore.model import TaskState
 
-__all__ = ["Executor", "logs_path"]
+__all__ = ["Executor", "job_environment", "logs_path", "worker_environment"]
 
 log = logging.getLogger("xr.executor")
 
 # How long a final update is retried while the cluster has no quorum before giving up (the
 # attempt's lease then expires and the task runs again elsewhere).
 FINAL_UPDATE_RETRY_S = 600.0
+
+
+def job_environment(node_environment: Mapping[str, str]) -> dict[str, str]:
+    """What a worker inherits of the node's environment: everything but the variables named
+    `XR_...`. Those configure the node (`XR_RAFT_CLUSTER_SECRET` among them) or carry the `xr`
+    client's credentials (`XR_TOKEN`); a job (any tenant's code) could print them to its log, which
+    its tenant reads. The worker's own (`XR_TASK`, `XR_CONTROL_FD`) are added after."""
+    return {
+        name: value
+        for name, value in node_environment.items()
+        if not name.upper().startswith(ENV_PREFIX)
+    }
+
+
+def worker_environment(job_user: JobUser | None) -> dict[str, str]:
+    """Every worker's environment before its task's: the node's without its `XR_` variables,
+    xr's code on the module path, and the job user's names (`executor.job_user`)."""
+    environment = job_environment(os.environ)
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [root, environment.get("PYTHONPATH")]))
+    if job_user is not None:
+        environment.update(job_user.environment())
+    return environment
 
 
 def logs_path(data_dir: Path, job_id: str, task_index: int, attempt: int) -> Path:
@@ -112,14 +139,16 @@ class Executor:
         *,
         gpu_memory_mb: list[int] | None = None,
         gpu_models: list[str] | None = None,
-        python: str = sys.executable,
     ) -> None:
         self.config = config
         self.settings = config.executor
         self.store = store
         self.region = config.region.name
         self.executor_id = f"{self.region}-{secrets.token_hex(4)}"
-        self.python = python
+        self.python = config.executor.python or sys.executable
+        self.job_user = (
+            None if config.executor.job_user is None else lookup(config.executor.job_user)
+        )
         # The region's devices, whole or shared, counted as the placement policy counts them.
         self.ledger = DeviceLedger(
             memory_mb=list(gpu_memory_mb or []), models=list(gpu_models or [])
@@ -134,8 +163,23 @@ class Executor:
 
     # Life cycle.
 
+    async def prepare(self) -> None:
+        """Makes the checkpoint directory; with `executor.job_user`, ConfigError when jobs could
+        not run as that user (`node.executor.job_user`). The node calls it before it starts
+        anything else, so such a node does not join the cluster."""
+        if self.job_user is None:
+            self.config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            return
+        await asyncio.to_thread(
+            check,
+            self.job_user,
+            python=self.python,
+            environment=self.base_environment(),
+            checkpoint_dir=self.config.checkpoint_dir,
+            make_directory=True,
+        )
+
     async def start(self) -> None:
-        self.config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self._loop_task = asyncio.create_task(self._claim_loop())
 
     async def stop(self) -> None:
@@ -289,7 +333,7 @@ class Executor:
             # A shared device caps the worker's memory pool at its share.
             gpu_memory_mb=attempt.grant.shared_memory_mb or spec.gpu_memory_mb,
         )
-        environment = dict(os.environ)
+        environment = self.base_environment()
         environment.update(
             {
                 protocol.TASK_ENV: protocol.encode_task(description),
@@ -298,11 +342,10 @@ class Executor:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        root = str(Path(__file__).resolve().parent.parent.parent)
-        environment["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [root, environment.get("PYTHONPATH")])
-        )
         return environment
+
+    def base_environment(self) -> dict[str, str]:
+        return worker_environment(self.job_user)
 
     async def _supervise(self, attempt: _Attempt, checkpoint: dict[str, Any] | None) -> None:
         parent, child = socket.socketpair()
@@ -319,6 +362,7 @@ class Executor:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
+                **({} if self.job_user is None else self.job_user.spawn_options()),
             )
         except (OSError, protocol.ProtocolError) as error:
             # A description the worker would refuse (bad arguments) fails for good; an

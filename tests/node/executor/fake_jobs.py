@@ -78,3 +78,31 @@ def count_steps(ctx: JobContext) -> dict[str, Any]:
         ctx.progress(step + 1, steps)
         time.sleep(0.05)
     return {"counted": steps, "resumed_from": start, "attempt": ctx.attempt}
+
+
+def show_environment(ctx: JobContext) -> dict[str, Any]:
+    """Prints what a careless job might: its environment (names starting with XR_ or TEST_)."""
+    for name in sorted(os.environ):
+        if name.startswith(("XR_", "TEST_")):
+            print(f"{name}={os.environ[name][:40]}", flush=True)
+    return {"names": sorted(name for name in os.environ if name.startswith(("XR_", "TEST_")))}
+
+
+def who_am_i(ctx: JobContext) -> dict[str, Any]:
+    """Who the worker runs as, whether it can read the file `ctx.args["secret"]`, and whether it
+    can checkpoint."""
+    try:
+        with open(ctx.args["secret"]) as secret:
+            secret.read()
+        read = "read"
+    except PermissionError:
+        read = "refused"
+    committed = ctx.checkpoint(1, {"weights": ctx.xp.zeros(4)})
+    return {
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": sorted(os.getgroups()),
+        "home": os.environ.get("HOME"),
+        "secret": read,
+        "checkpointed": committed,
+    }

@@ -110,6 +110,30 @@ def test_a_job_succeeds_and_its_output_is_served_as_logs(tmp_path: Path) -> None
     _run(tmp_path, body)
 
 
+def test_a_job_does_not_inherit_the_nodes_xr_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node given its cluster secret (or a client token) in its environment passed it to every
+    job, whose log its tenant reads: a tenant's job could print the secret and so pose as a
+    member of the cluster."""
+    monkeypatch.setenv("XR_RAFT_CLUSTER_SECRET", "cluster-secret-canary")
+    monkeypatch.setenv("XR_TOKEN", "operator-token-canary")
+    monkeypatch.setenv("TEST_PASSED_ON", "yes")
+
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("show_environment")
+        job = await api.finished(job_id)
+        assert job["state"] == "succeeded"
+        names = json.loads(job["tasks"][0]["result"])["names"]
+        # The worker's own two, and what is not the node's.
+        assert names == ["TEST_PASSED_ON", "XR_CONTROL_FD", "XR_TASK"]
+        logs = (await api.get(f"/v1/jobs/{job_id}/logs"))["log"]
+        assert "TEST_PASSED_ON=yes" in logs
+        assert "canary" not in logs
+
+    _run(tmp_path, body)
+
+
 def test_a_failing_job_is_retried_up_to_max_attempts(tmp_path: Path) -> None:
     async def body(api: _Api) -> None:
         recovers = await api.submit("fail_first_attempts", args={"succeed_on": 3}, max_attempts=3)

@@ -1,0 +1,153 @@
+"""Jobs as an OS user of their own (`executor.job_user`).
+
+A job is a tenant's code. By default its worker runs as the node's OS user and can read whatever
+the node can: the cluster secret file, the tokens file, the data directory (the journal, other
+tenants' logs). With `executor.job_user` set, every worker runs as that user: its uid, its primary
+group and its own supplementary groups (none of the node's), with `HOME`, `USER` and `LOGNAME` its
+own. Keep the node's files readable by the node's user alone (the secret file must be already) and
+a job reaches none of them.
+
+`check` runs at the node's start and in `xr node run --check`, so that a setting that cannot work
+fails there and not in the first job: the node can start processes as the user and signal them
+(it must run as root, or with CAP_SETUID, CAP_SETGID and CAP_KILL), and a process started so,
+with a worker's environment and interpreter, imports the worker and can write in the checkpoint
+directory. At start the node
+makes that directory, and gives it to the user, when it does not exist.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.config import ConfigError
+
+__all__ = ["JobUser", "check", "lookup"]
+
+# The capabilities a node that is not root needs: start processes as another user (CAP_SETUID,
+# CAP_SETGID) and stop them (CAP_KILL), by their bit in /proc/self/status's CapEff.
+_CAPABILITIES = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
+_STATUS = Path("/proc/self/status")
+# How long the check's process may take (it imports the worker, NumPy among its dependencies).
+CHECK_TIMEOUT_S = 60.0
+# The check's exit status when the directory is not writable.
+_NOT_WRITABLE = 5
+# Run by the interpreter as the job user: the worker imports, and the directory (if given) can be
+# written in.
+_CHECK = (
+    "import os, sys\n"
+    "import node.executor.worker\n"
+    "where = sys.argv[1]\n"
+    f"sys.exit(0 if where == '-' or os.access(where, os.W_OK | os.X_OK) else {_NOT_WRITABLE})\n"
+)
+
+
+@dataclass(frozen=True)
+class JobUser:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    def environment(self) -> dict[str, str]:
+        """The variables that name the user, for a worker's environment."""
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+    def spawn_options(self) -> dict[str, Any]:
+        """`subprocess` and `asyncio.create_subprocess_exec` keywords that start a process as
+        the user, with its own groups and none of the node's."""
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+
+def lookup(name: str) -> JobUser:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ConfigError(
+            f"setting executor.job_user: there is no user {name!r} on this machine"
+        ) from None
+    groups = tuple(sorted(set(os.getgrouplist(name, entry.pw_gid))))
+    return JobUser(name=name, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups, home=entry.pw_dir)
+
+
+def check(
+    user: JobUser,
+    *,
+    python: str,
+    environment: Mapping[str, str],
+    checkpoint_dir: Path,
+    make_directory: bool,
+) -> None:
+    """ConfigError naming what stops jobs from running as `user`; see the module's text. With
+    `make_directory`, a checkpoint directory that does not exist is made and given to the user;
+    without, it is left out of the check."""
+    prefix = f"setting executor.job_user: {user.name!r}"
+    missing = _missing_capabilities()
+    if missing:
+        raise ConfigError(
+            f"{prefix}: this node cannot run and stop processes as another user (it lacks "
+            f"{', '.join(missing)}); run it as root, or with CAP_SETUID, CAP_SETGID and CAP_KILL"
+        )
+    where = "-"
+    if checkpoint_dir.exists():
+        where = str(checkpoint_dir)
+    elif make_directory:
+        checkpoint_dir.mkdir(parents=True)
+        os.chown(checkpoint_dir, user.uid, user.gid)
+        where = str(checkpoint_dir)
+    try:
+        done = subprocess.run(
+            [python, "-c", _CHECK, where],
+            env=dict(environment),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=CHECK_TIMEOUT_S,
+            **user.spawn_options(),
+        )
+    except PermissionError as error:
+        if error.errno == errno.EPERM:
+            raise ConfigError(
+                f"{prefix}: this node cannot start processes as that user ({error.strerror}); "
+                "run it as root, or with CAP_SETUID, CAP_SETGID and CAP_KILL"
+            ) from None
+        raise ConfigError(
+            f"{prefix} cannot run executor.python {python!r}: {error.strerror}"
+        ) from None
+    except OSError as error:
+        raise ConfigError(
+            f"{prefix} cannot run executor.python {python!r}: {error.strerror}"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(
+            f"{prefix}: executor.python {python!r} did not start a worker within "
+            f"{CHECK_TIMEOUT_S:.0f} s"
+        ) from None
+    if done.returncode == _NOT_WRITABLE:
+        raise ConfigError(
+            f"{prefix} cannot write in the checkpoint directory {checkpoint_dir} "
+            "(executor.checkpoint_dir): give it that directory"
+        )
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise ConfigError(
+            f"{prefix} cannot start a worker with executor.python {python!r}: "
+            + (said[-1] if said else f"exit status {done.returncode}")
+        )
+
+
+def _missing_capabilities() -> list[str]:
+    """The capabilities of `_CAPABILITIES` this process lacks (none for root)."""
+    if os.geteuid() == 0:
+        return []
+    effective = 0
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            effective = int(line.split()[1], 16)
+    return [name for name, bit in _CAPABILITIES.items() if not effective >> bit & 1]

@@ -1,0 +1,242 @@
+"""Jobs as an OS user of their own (`executor.job_user`, `node.executor.job_user`).
+
+A job is a tenant's code; run as the node's user it could read the node's files (the cluster
+secret among them). These tests run as root, as the node would, with `nobody` as the job user.
+The job's interpreter must be one `nobody` can run with xr's dependencies: this machine's venv
+interpreter lives under /root (mode 0700), so the tests that run a worker use the system's
+python3.11 with the venv's packages on its path, and say so when this machine has none that works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import site
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node.cli import main
+from node.config import ConfigError
+from node.executor import job_user as job_user_module
+from node.executor.executor import worker_environment
+from node.executor.job_user import JobUser, check, lookup
+from tests.node.executor.test_executor import _Api, _config, _run
+
+ROOT = Path(__file__).resolve().parents[3]
+SYSTEM_PYTHON = "/usr/bin/python3.11"
+
+
+def _nobody() -> JobUser:
+    return lookup("nobody")
+
+
+@pytest.fixture()
+def open_dir() -> Iterator[Path]:
+    """A directory every user can reach (pytest's own tmp_path is under a 0700 directory)."""
+    path = Path(tempfile.mkdtemp(prefix="xr-job-user-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture()
+def nobodys_python(monkeypatch: pytest.MonkeyPatch) -> str:
+    """An interpreter `nobody` can run xr's worker with (see the module's text)."""
+    packages = ":".join(site.getsitepackages())
+    monkeypatch.setenv("PYTHONPATH", packages)
+    environment = worker_environment(_nobody())
+    try:
+        done = subprocess.run(
+            [SYSTEM_PYTHON, "-c", "import node.executor.worker"],
+            env=environment,
+            capture_output=True,
+            timeout=60,
+            **_nobody().spawn_options(),
+        )
+    except OSError as error:
+        pytest.skip(f"no interpreter nobody can run here ({SYSTEM_PYTHON}: {error.strerror})")
+    if done.returncode != 0:
+        last = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
+        pytest.skip(f"nobody cannot import xr's worker with {SYSTEM_PYTHON} here: {last}")
+    return SYSTEM_PYTHON
+
+
+def test_an_unknown_job_user_is_refused_when_the_configuration_loads(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"executor\.job_user: there is no user 'no-such-xr-user'"
+    ):
+        _config(tmp_path, **{"executor.job_user": "no-such-xr-user"})
+    with pytest.raises(ConfigError, match=r"executor\.python: must not be empty"):
+        _config(tmp_path, **{"executor.python": ""})
+    assert _config(tmp_path, **{"executor.job_user": "nobody"}).executor.job_user == "nobody"
+
+
+def test_the_job_user_gets_its_own_groups_and_names() -> None:
+    user = _nobody()
+    entry = pwd.getpwnam("nobody")
+    assert (user.uid, user.gid, user.home) == (entry.pw_uid, entry.pw_gid, entry.pw_dir)
+    assert 0 not in user.groups and entry.pw_gid in user.groups
+    assert user.environment() == {"HOME": entry.pw_dir, "USER": "nobody", "LOGNAME": "nobody"}
+    assert worker_environment(user)["HOME"] == entry.pw_dir
+
+
+def test_a_node_that_cannot_switch_users__is_refused_naming_the_capabilities(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    status = tmp_path / "status"
+    monkeypatch.setattr(job_user_module, "_STATUS", status)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    # CAP_SETGID and CAP_SETUID, not CAP_KILL.
+    status.write_text("Name:\tpython\nCapEff:\t00000000000000c0\n")
+    with pytest.raises(ConfigError, match=r"lacks CAP_KILL\); run it as root"):
+        check(
+            _nobody(),
+            python=sys.executable,
+            environment={},
+            checkpoint_dir=tmp_path / "checkpoints",
+            make_directory=True,
+        )
+    status.write_text("CapEff:\t0000000000000000\n")
+    with pytest.raises(ConfigError, match="lacks CAP_KILL, CAP_SETGID, CAP_SETUID"):
+        check(
+            _nobody(),
+            python=sys.executable,
+            environment={},
+            checkpoint_dir=tmp_path / "checkpoints",
+            make_directory=True,
+        )
+    # Nothing was made for a check that failed.
+    assert not (tmp_path / "checkpoints").exists()
+    status.write_text("CapEff:\t00000000000000e0\n")
+    assert job_user_module._missing_capabilities() == []
+
+
+def test_an_interpreter_the_job_user_cannot_run__is_refused(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    (locked / "python").symlink_to(sys.executable)
+    with pytest.raises(
+        ConfigError, match=r"'nobody' cannot run executor\.python .*Permission denied"
+    ):
+        check(
+            _nobody(),
+            python=str(locked / "python"),
+            environment=worker_environment(_nobody()),
+            checkpoint_dir=tmp_path,
+            make_directory=False,
+        )
+
+
+def test_a_checkpoint_directory_the_job_user_cannot_write__is_refused_and_a_missing_one_made(
+    open_dir: Path, nobodys_python: str
+) -> None:
+    user = _nobody()
+    environment = worker_environment(user)
+    taken = open_dir / "taken"
+    taken.mkdir(mode=0o755)
+    with pytest.raises(ConfigError, match="cannot write in the checkpoint directory"):
+        check(
+            user,
+            python=nobodys_python,
+            environment=environment,
+            checkpoint_dir=taken,
+            make_directory=True,
+        )
+    made = open_dir / "made" / "checkpoints"
+    check(
+        user,
+        python=nobodys_python,
+        environment=environment,
+        checkpoint_dir=made,
+        make_directory=False,
+    )
+    assert not made.exists()
+    check(
+        user,
+        python=nobodys_python,
+        environment=environment,
+        checkpoint_dir=made,
+        make_directory=True,
+    )
+    info = made.stat()
+    assert (info.st_uid, info.st_gid, stat.S_ISDIR(info.st_mode)) == (user.uid, user.gid, True)
+
+
+def test_a_job_runs_as_the_job_user__cannot_read_the_nodes_secret_and_checkpoints(
+    tmp_path: Path, open_dir: Path, nobodys_python: str
+) -> None:
+    secret = open_dir / "cluster_secret"
+    secret.write_text("cluster-secret\n")
+    secret.chmod(0o600)
+
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("who_am_i", args={"secret": str(secret)})
+        job = await api.finished(job_id)
+        assert job["state"] == "succeeded", job
+        seen = json.loads(job["tasks"][0]["result"])
+        user = _nobody()
+        assert (seen["uid"], seen["gid"], seen["home"]) == (user.uid, user.gid, user.home)
+        assert 0 not in seen["groups"]
+        assert (seen["secret"], seen["checkpointed"]) == ("refused", True)
+
+    _run(
+        tmp_path,
+        body,
+        **{
+            "executor.job_user": "nobody",
+            "executor.python": nobodys_python,
+            "executor.checkpoint_dir": str(open_dir / "checkpoints"),
+        },
+    )
+
+
+def test_node_run_check__runs_the_same_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    (locked / "python").symlink_to(sys.executable)
+    arguments = ["node", "run", "--check", "--region", "r0", "--data-dir", str(tmp_path)]
+    arguments += ["--raft-address", "127.0.0.1:7001", "--set", "executor.job_user=nobody"]
+    assert main([*arguments, "--set", f"executor.python={locked / 'python'}"]) == 2
+    said = capsys.readouterr().err
+    assert (
+        "xr node run: invalid configuration: setting executor.job_user: 'nobody' cannot run" in said
+    )
+    assert main([*arguments, "--set", "executor.job_user=no-such-xr-user"]) == 2
+    assert "there is no user 'no-such-xr-user'" in capsys.readouterr().err
+
+
+def test_a_node_whose_jobs_cannot_run_as_the_job_user__does_not_start(tmp_path: Path) -> None:
+    """The check runs before the node starts anything: it exits 2 with the reason and never
+    listens (it would otherwise join the cluster and take tasks it cannot run)."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    (locked / "python").symlink_to(sys.executable)
+    config = _config(tmp_path)
+    command = [sys.executable, "-m", "node.cli", "node", "run", "--region", "r0"]
+    command += ["--data-dir", str(tmp_path / "data"), "--raft-address", config.raft.self_address]
+    command += ["--http-address", config.http.address, "--set", "executor.job_user=nobody"]
+    command += ["--set", f"executor.python={locked / 'python'}"]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "invalid configuration: setting executor.job_user: 'nobody' cannot run" in done.stderr
+    assert "ready at" not in done.stdout
+    # Nothing started: no Raft election, no API.
+    assert "region r0 serving" not in done.stderr and "leader is now" not in done.stderr
