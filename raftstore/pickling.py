@@ -17,8 +17,10 @@ xrcore envelopes, the argument of `Replica.apply_group`), so pysyncobj needs ver
   and older journals and snapshots hold), bytes spelled as `_codecs.encode(text, "latin1")`.
 
 `install` makes pysyncobj's `loads` and `load` (and the journal's, which it imported by name)
-refuse every other global with `pickle.UnpicklingError`; every caller in pysyncobj already treats a
-message that does not load as garbage (the connection is closed). It also makes pysyncobj pickle
+refuse every other global with `pickle.UnpicklingError`, as they refused garbage: a message that
+does not load closes its connection, and a command or entry that does not (which only a peer
+taken for a member can send) fails the tick that handles it, which the store logs, and the
+member goes on (tests/raftstore/test_raft_identity.py). It also makes pysyncobj pickle
 with protocol 5 instead of 2: bytes are then written as themselves, so a message names no global
 at all, and the messages of a put are pickled and unpickled in 0.65x the time pysyncobj's own
 functions take (`bench/pickling.py`). Every Python that runs xr reads protocol 5, so members of

@@ -97,10 +97,20 @@ def check(
         )
     where = "-"
     if checkpoint_dir.exists():
+        if not checkpoint_dir.is_dir():
+            raise ConfigError(
+                f"setting executor.checkpoint_dir: {checkpoint_dir} is not a directory"
+            )
         where = str(checkpoint_dir)
     elif make_directory:
-        checkpoint_dir.mkdir(parents=True)
-        os.chown(checkpoint_dir, user.uid, user.gid)
+        try:
+            checkpoint_dir.mkdir(parents=True)
+            os.chown(checkpoint_dir, user.uid, user.gid)
+        except OSError as error:
+            raise ConfigError(
+                f"setting executor.checkpoint_dir: cannot make {checkpoint_dir} for "
+                f"{user.name!r}: {error.strerror}"
+            ) from None
         where = str(checkpoint_dir)
     try:
         done = subprocess.run(

@@ -148,6 +148,16 @@ def test_a_checkpoint_directory_the_job_user_cannot_write__is_refused_and_a_miss
             checkpoint_dir=taken,
             make_directory=True,
         )
+    a_file = open_dir / "file"
+    a_file.write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check(
+            user,
+            python=nobodys_python,
+            environment=environment,
+            checkpoint_dir=a_file,
+            make_directory=True,
+        )
     made = open_dir / "made" / "checkpoints"
     check(
         user,
