@@ -215,10 +215,9 @@ class ExecutorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     retry_backoff_max_s: float = 60.0
     # Run every job as this OS user (a name), with its primary group and its own supplementary
     # groups, so that a job, which is a tenant's code, cannot read the node's files (the cluster
-    # secret, the tokens file, the data directory). The node must run as root or with
-    # CAP_SETUID, CAP_SETGID and CAP_KILL; it checks at start that the user can run
-    # `executor.python` and write in the checkpoint directory (docs/security.md). Default: the
-    # node's own user.
+    # secret, the tokens file, the data directory). The node must run as root; it checks at
+    # start that the user can run `executor.python` and write in the checkpoint directory
+    # (docs/security.md). Default: the node's own user.
     job_user: str | None = None
     # The Python interpreter that runs the workers. Default: the node's own. With job_user, one
     # that user can run and import xr and its dependencies with.

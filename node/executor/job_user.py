@@ -8,11 +8,17 @@ own. Keep the node's files readable by the node's user alone (the secret file mu
 a job reaches none of them.
 
 `check` runs at the node's start and in `xr node run --check`, so that a setting that cannot work
-fails there and not in the first job: the node can start processes as the user and signal them
-(it must run as root, or with CAP_SETUID, CAP_SETGID and CAP_KILL), and a process started so,
+fails there and not in the first job: the node runs as root, and a process started as the user,
 with a worker's environment and interpreter, imports the worker and can write in the checkpoint
-directory. At start the node
-makes that directory, and gives it to the user, when it does not exist.
+directory.
+
+Root, not capabilities: a node that is not root could switch users with CAP_SETUID and
+CAP_SETGID (and signal the workers with CAP_KILL), but a switch between two users that are not
+root keeps a process's capabilities, and ambient ones survive the exec, so the workers would hold
+CAP_SETUID and could make themselves root. From root, the switch drops every capability.
+
+At start the node makes the checkpoint directory, and gives it to the user, when it does not
+exist.
 """
 
 from __future__ import annotations
@@ -30,10 +36,6 @@ from node.config import ConfigError
 
 __all__ = ["JobUser", "check", "lookup"]
 
-# The capabilities a node that is not root needs: start processes as another user (CAP_SETUID,
-# CAP_SETGID) and stop them (CAP_KILL), by their bit in /proc/self/status's CapEff.
-_CAPABILITIES = {"CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
-_STATUS = Path("/proc/self/status")
 # How long the check's process may take (it imports the worker, NumPy among its dependencies).
 CHECK_TIMEOUT_S = 60.0
 # The check's exit status when the directory is not writable.
@@ -89,11 +91,10 @@ def check(
     `make_directory`, a checkpoint directory that does not exist is made and given to the user;
     without, it is left out of the check."""
     prefix = f"setting executor.job_user: {user.name!r}"
-    missing = _missing_capabilities()
-    if missing:
+    if os.geteuid() != 0:
         raise ConfigError(
-            f"{prefix}: this node cannot run and stop processes as another user (it lacks "
-            f"{', '.join(missing)}); run it as root, or with CAP_SETUID, CAP_SETGID and CAP_KILL"
+            f"{prefix}: the node must run as root to start its workers as another user "
+            '(docs/security.md, "What a job can reach")'
         )
     where = "-"
     if checkpoint_dir.exists():
@@ -124,8 +125,7 @@ def check(
     except PermissionError as error:
         if error.errno == errno.EPERM:
             raise ConfigError(
-                f"{prefix}: this node cannot start processes as that user ({error.strerror}); "
-                "run it as root, or with CAP_SETUID, CAP_SETGID and CAP_KILL"
+                f"{prefix}: this node cannot start processes as that user ({error.strerror})"
             ) from None
         raise ConfigError(
             f"{prefix} cannot run executor.python {python!r}: {error.strerror}"
@@ -150,14 +150,3 @@ def check(
             f"{prefix} cannot start a worker with executor.python {python!r}: "
             + (said[-1] if said else f"exit status {done.returncode}")
         )
-
-
-def _missing_capabilities() -> list[str]:
-    """The capabilities of `_CAPABILITIES` this process lacks (none for root)."""
-    if os.geteuid() == 0:
-        return []
-    effective = 0
-    for line in _STATUS.read_text().splitlines():
-        if line.startswith("CapEff:"):
-            effective = int(line.split()[1], 16)
-    return [name for name, bit in _CAPABILITIES.items() if not effective >> bit & 1]

@@ -98,7 +98,10 @@ def who_am_i(ctx: JobContext) -> dict[str, Any]:
     except PermissionError:
         read = "refused"
     committed = ctx.checkpoint(1, {"weights": ctx.xp.zeros(4)})
+    with open("/proc/self/status") as status:
+        effective = next(line for line in status if line.startswith("CapEff:")).split()[1]
     return {
+        "capabilities": effective,
         "uid": os.getuid(),
         "gid": os.getgid(),
         "groups": sorted(os.getgroups()),
