@@ -12,7 +12,6 @@ the run's seed.
 | pause | SIGSTOP a minority of nodes (or the leader) | SIGCONT |
 | clock | step a minority's wall clocks and change their rate | back to true time, rate 1 |
 | clock-jump | step a minority's wall clocks, rate kept true | back to true time |
-| clock-jump-leader | step the leader's wall clock ahead, rate kept true | back to true time |
 
 `schedule` is pure: the same nemesis, seed, duration and node count give the same windows, with
 the nodes already chosen (a fault aimed at "the leader" is resolved when it starts, and the event
@@ -50,7 +49,6 @@ NEMESES = (
     "pause",
     "clock",
     "clock-jump",
-    "clock-jump-leader",
     "mixed",
 )
 # A fault lasts long enough for an election and a few lease ticks, and the quiet time between
@@ -61,8 +59,6 @@ QUIET_S_MIN, QUIET_S_MAX = 2.0, 4.0
 TAIL_S = 1.0
 WINDOWS_MAX = 1000
 CLOCK_OFFSET_S_MAX = 60.0
-# clock-jump-leader's steps are at least this far ahead: past any lease TTL the workloads use.
-CLOCK_STEP_AHEAD_S_MIN = 15.0
 CLOCK_RATES = (0.5, 1.0, 2.0, 4.0)
 
 
@@ -114,7 +110,7 @@ def needs_partitions(nemesis: str) -> bool:
 
 
 def needs_clock(nemesis: str) -> bool:
-    return nemesis in ("clock", "clock-jump", "clock-jump-leader", "mixed")
+    return nemesis in ("clock", "clock-jump", "mixed")
 
 
 def _minority(rng: random.Random, size: int) -> tuple[int, ...]:
@@ -170,19 +166,8 @@ def schedule(
         if end_s > duration_s - TAIL_S:
             break
         kind = rng.choice(mixed_kinds) if nemesis == "mixed" else nemesis
-        fault = _fault("clock" if kind.startswith("clock-jump") else kind, rng, size)
-        if kind == "clock-jump-leader":
-            # The step that breaks leases read from the leader's clock: ahead, on the leader. A
-            # step back is harmless to a lease clock that never goes back, and on another node
-            # it changes nothing until that node leads.
-            fault = Fault(
-                kind="clock",
-                nodes=(),
-                leader=True,
-                offset_s=round(rng.uniform(CLOCK_STEP_AHEAD_S_MIN, CLOCK_OFFSET_S_MAX), 3),
-                rate=1.0,
-            )
-        elif kind == "clock-jump":
+        fault = _fault("clock" if kind == "clock-jump" else kind, rng, size)
+        if kind == "clock-jump":
             # Offsets only: a lease system must survive clock steps; no system can tell a clock
             # running fast from time passing.
             fault = Fault(

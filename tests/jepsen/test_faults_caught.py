@@ -79,13 +79,11 @@ CASES = (
         marks=(pytest.mark.slow,),
     ),
     # A clock step on the leader moves the lease clock by as much: sessions end at once, and
-    # holders lose their locks long before their TTL (the lease checker). The steps are aimed at
-    # the leader: under clock-jump they hit a drawn node, so whether one landed on the leader, and
-    # the fault was caught, depended on which node won the first election.
+    # holders lose their locks long before their TTL (the lease checker).
     Case(
         Fault.LOCAL_CLOCK_LEASES,
         "locks",
-        "clock-jump-leader",
+        "clock-jump",
         runs_max=3,
         time_s=20.0,
         marks=(pytest.mark.slow,),

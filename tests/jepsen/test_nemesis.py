@@ -9,17 +9,7 @@ from typing import cast
 import pytest
 
 from xr_jepsen.db import Cluster, clock_rule
-from xr_jepsen.nemesis import (
-    CLOCK_OFFSET_S_MAX,
-    CLOCK_STEP_AHEAD_S_MIN,
-    NEMESES,
-    PARTITION_SHAPES,
-    Fault,
-    Nemesis,
-    grudge,
-    needs_clock,
-    schedule,
-)
+from xr_jepsen.nemesis import NEMESES, PARTITION_SHAPES, Fault, Nemesis, grudge, schedule
 from xr_jepsen.net import NFT_TABLE, grudge_rules, heal_rules
 
 RUN_S = 120.0
@@ -239,13 +229,3 @@ def test_nemesis__heal_all_leaves_every_node_running_and_true() -> None:
     assert all(node.running and not node.paused for node in fake.nodes)
     assert set(fake.clocks.values()) == {(0.0, 1.0)}
     assert ("heal_network",) in fake.calls
-
-
-def test_schedule__clock_jump_leader_steps_only_the_leaders_clock_and_only_ahead() -> None:
-    windows = schedule("clock-jump-leader", seed=1, duration_s=600, size=5)
-    assert windows
-    for window in windows:
-        fault = window.fault
-        assert (fault.kind, fault.leader, fault.nodes, fault.rate) == ("clock", True, (), 1.0)
-        assert CLOCK_STEP_AHEAD_S_MIN <= fault.offset_s <= CLOCK_OFFSET_S_MAX
-    assert needs_clock("clock-jump-leader")
