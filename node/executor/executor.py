@@ -174,7 +174,7 @@ class Executor:
             check,
             self.job_user,
             python=self.python,
-            environment=self.base_environment(),
+            environment=worker_environment(self.job_user),
             checkpoint_dir=self.config.checkpoint_dir,
             make_directory=True,
         )
@@ -333,7 +333,7 @@ class Executor:
             # A shared device caps the worker's memory pool at its share.
             gpu_memory_mb=attempt.grant.shared_memory_mb or spec.gpu_memory_mb,
         )
-        environment = self.base_environment()
+        environment = worker_environment(self.job_user)
         environment.update(
             {
                 protocol.TASK_ENV: protocol.encode_task(description),
@@ -343,9 +343,6 @@ class Executor:
             }
         )
         return environment
-
-    def base_environment(self) -> dict[str, str]:
-        return worker_environment(self.job_user)
 
     async def _supervise(self, attempt: _Attempt, checkpoint: dict[str, Any] | None) -> None:
         parent, child = socket.socketpair()

@@ -129,24 +129,20 @@ def test_a_checkpoint_directory_the_job_user_cannot_write__is_refused_and_a_miss
     environment = worker_environment(user)
     taken = open_dir / "taken"
     taken.mkdir(mode=0o755)
-    with pytest.raises(ConfigError, match="cannot write in the checkpoint directory"):
-        check(
-            user,
-            python=nobodys_python,
-            environment=environment,
-            checkpoint_dir=taken,
-            make_directory=True,
-        )
     a_file = open_dir / "file"
     a_file.write_text("")
-    with pytest.raises(ConfigError, match="is not a directory"):
-        check(
-            user,
-            python=nobodys_python,
-            environment=environment,
-            checkpoint_dir=a_file,
-            make_directory=True,
-        )
+    for refused, reason in [
+        (taken, "cannot write in the checkpoint directory"),
+        (a_file, "is not a directory"),
+    ]:
+        with pytest.raises(ConfigError, match=reason):
+            check(
+                user,
+                python=nobodys_python,
+                environment=environment,
+                checkpoint_dir=refused,
+                make_directory=True,
+            )
     made = open_dir / "made" / "checkpoints"
     check(
         user,
