@@ -14,13 +14,14 @@ xrcore envelopes, the argument of `Replica.apply_group`), so pysyncobj needs ver
 - `pysyncobj.node.TCPNode` (a member, in a membership change and in a snapshot's header), a plain
   object whose state is its address;
 - and, in pickles made with protocol 2 (what pysyncobj 0.3.17 writes, so what older members send
-  and older journals and snapshots hold), bytes spelled as `_codecs.encode(text, "latin1")`.
+  and older journals and snapshots hold), bytes spelled as `_codecs.encode(text, "latin1")`, and
+  empty bytes spelled as `bytes()`.
 
 `install` makes pysyncobj's `loads` and `load` (and the journal's, which it imported by name)
 refuse every other global with `pickle.UnpicklingError`, as they refused garbage: a message that
-does not load closes its connection, and a command or entry that does not (which only a peer
-taken for a member can send) fails the tick that handles it, which the store logs, and the
-member goes on (tests/raftstore/test_raft_identity.py). It also makes pysyncobj pickle
+does not load closes its connection (tests/raftstore/test_raft_identity.py), a command a peer
+forwards that does not is dropped, and a log entry that does not is skipped on every member
+(`raftstore.entries`). It also makes pysyncobj pickle
 with protocol 5 instead of 2: bytes are then written as themselves, so a message names no global
 at all, and the messages of a put are pickled and unpickled in 0.65x the time pysyncobj's own
 functions take (`bench/pickling.py`). Every Python that runs xr reads protocol 5, so members of
@@ -54,8 +55,18 @@ def _latin1_bytes(text: Any, encoding: Any) -> bytes:
     return text.encode("latin-1")
 
 
+def _empty_bytes(*args: Any) -> bytes:
+    """How protocol 2 spells empty bytes, `bytes()`; with arguments `bytes` could be made to
+    allocate any size, so arguments are refused."""
+    if args:
+        raise Refused("bytes is allowed only without arguments, for empty bytes")
+    return b""
+
+
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("_codecs", "encode"): _latin1_bytes,
+    ("builtins", "bytes"): _empty_bytes,
+    ("__builtin__", "bytes"): _empty_bytes,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
     # Protocol 2 names Python 2's module; pickle maps it only in its own `find_class`.

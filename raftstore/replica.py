@@ -46,7 +46,7 @@ from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
-from raftstore import frames, pickling
+from raftstore import entries, frames, pickling
 from raftstore.background_sync import SyncRunner, SyncRunnerFactory
 from raftstore.config import RaftConfig
 from raftstore.files import fsync_directory, write_file_durably
@@ -76,6 +76,8 @@ T = TypeVar("T")
 _journal_module: Any = importlib.import_module("pysyncobj.journal")
 # SyncObj's tick, which `Replica._onTick` wraps (not in the stub).
 _sync_obj_on_tick: Callable[[Any, float], None] = getattr(SyncObj, "_onTick")  # noqa: B009
+# SyncObj's apply of one committed entry, which `Replica._SyncObj__doApplyCommand` wraps.
+_sync_obj_do_apply: Callable[[Any, bytes], Any] = getattr(SyncObj, "_SyncObj__doApplyCommand")  # noqa: B009
 
 # xr's pre-vote messages (`Replica._may_campaign`); pysyncobj never sees them.
 PRE_VOTE = "xr_pre_vote"
@@ -1042,7 +1044,10 @@ class Replica(SyncObj):
            a second time, and the log entries it acknowledged after that index are thrown away.
            Raft says a follower that already holds the snapshot's last entry keeps its log and
            state; so such a snapshot is dropped here, and the entries the leader sends after it
-           are checked against the log as usual."""
+           are checked against the log as usual.
+
+        It also drops a command a peer forwards that is not what an xr member forwards (a call
+        of `apply_group`): pysyncobj's leader logs it undecoded (`raftstore.entries`)."""
         transport: Any = getattr(self, "_SyncObj__transport")  # noqa: B009 - name-mangled
         receive = transport._onMessageReceivedCallback
         incoming = self._incoming_snapshot
@@ -1056,6 +1061,12 @@ class Replica(SyncObj):
                 if kind == PRE_VOTE_RESPONSE:
                     self._on_pre_vote_response(node, message)
                     return
+                if kind == "apply_command":
+                    try:
+                        entries.forwarded_group(message.get("command"))
+                    except entries.BadEntry as error:
+                        log.warning("a command forwarded by %s dropped: %s", node, error)
+                        return
                 if kind == "append_entries" and _is_int(message.get("term")):
                     if message["term"] >= self.raftCurrentTerm:
                         self._leader_heard_s = syncobj_module.monotonicTime()
@@ -1091,6 +1102,19 @@ class Replica(SyncObj):
         if not first <= index <= int(log[-1][1]):
             return False
         return bool(log[index - first][2] == term)
+
+    # Overrides SyncObj's private `__doApplyCommand`, which applies one committed entry and raised,
+    # on every tick for good, on an entry it could not decode (`raftstore.entries`).
+    def _SyncObj__doApplyCommand(self, command: Any) -> Any:
+        try:
+            group = entries.applicable_group(command)
+        except entries.BadEntry as error:
+            index = self.raftLastApplied + 1
+            log.error("raft entry %d skipped, as on every member: %s", index, error)
+            return None
+        if group is None:
+            return _sync_obj_do_apply(self, command)
+        return self.apply_group(group, _doApply=True)  # type: ignore[call-arg]
 
     @replicated
     def apply_group(self, group: bytes) -> list[Applied]:

@@ -1,8 +1,13 @@
-"""A one-member cluster on a free loopback port, for tests that talk to a member's Raft port."""
+"""Clusters on free loopback ports, for tests that talk to a member's Raft port as a stranger: one
+member alone, or two running members of three, whose third address a stranger gives as its own."""
 
 from __future__ import annotations
 
+import asyncio
+import pickle
 import socket
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +38,35 @@ async def start_member(tmp_path: Path, secret: str | None, **settings: Any) -> R
 
 def raft_port(store: RaftStore) -> int:
     return int(store.config.self_address.rpartition(":")[2])
+
+
+async def start_two_of_three(tmp_path: Path) -> tuple[str, list[RaftStore]]:
+    """Two started members of a three-member cluster, and the third's address, which no member
+    holds (a stranger may give it as its own)."""
+    absent, *running = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    stores = [
+        RaftStore(
+            RaftConfig(
+                self_address=address,
+                peers=tuple(peer for peer in (absent, *running) if peer != address),
+                data_dir=tmp_path / address.replace(":", "_"),
+            )
+        )
+        for address in running
+    ]
+    for store in stores:
+        await store.start()
+    return absent, stores
+
+
+async def leader_of(stores: list[RaftStore]) -> RaftStore:
+    async with asyncio.timeout(30):
+        while not any(store.is_leader for store in stores):
+            await asyncio.sleep(0.05)
+    return next(store for store in stores if store.is_leader)
+
+
+def plain_frame(message: object) -> bytes:
+    """`message` framed as pysyncobj 0.3.17 frames it without a secret."""
+    payload = zlib.compress(pickle.dumps(message, protocol=2))
+    return struct.pack("i", len(payload)) + payload

@@ -70,6 +70,8 @@ PYSYNCOBJ_DATA = [
     ),
     frozenset({"a", "b"}),
     {"type": "apply_command", "command": b"\x00" + bytes(range(256)), "request_id": 12},
+    # Protocol 2 spells empty bytes `bytes()`.
+    {"type": "append_entries", "serialized": (b"", 0, True)},
 ]
 
 
@@ -100,6 +102,7 @@ REFUSED = {
     "builtins.getattr": _Calls(getattr, 1, "real"),
     "another codec": _Calls(_codecs.encode, b"x" * 100, "zlib"),
     "latin-1 of bytes": _Calls(_codecs.encode, b"x", "latin1"),
+    "bytes of a size": _Calls(bytes, 1 << 40),
     "a pysyncobj class other than a member": _Calls(SyncObj, "127.0.0.1:1", []),
 }
 

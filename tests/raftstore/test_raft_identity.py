@@ -7,8 +7,8 @@ to. xr uses neither, and both let whoever reaches the port (with a secret: whoev
 xr's authorization. These tests send each as pysyncobj's own tools do (`TcpUtility`, with the
 secret where the cluster has one) and check the member answers nothing, closes the connection,
 and keeps its member set and its commits. What a stranger can still do without a secret, pose as
-a member, no longer lets it run code (`raftstore.pickling`): the last test forwards the leader a
-command whose pickle calls a function.
+a member, no longer lets it run code (`raftstore.pickling`, `raftstore.entries`): the last test
+forwards the leader a command whose pickle calls a function, and sends one such pickle itself.
 """
 
 from __future__ import annotations
@@ -22,9 +22,14 @@ from pathlib import Path
 import pytest
 from pysyncobj.utility import TcpUtility, UtilityException
 
-from raftstore.config import RaftConfig
 from raftstore.store import RaftStore
-from tests.raftstore.one_member import free_port, raft_port, start_member
+from tests.raftstore.one_member import (
+    leader_of,
+    plain_frame,
+    raft_port,
+    start_member,
+    start_two_of_three,
+)
 from xrcore.commands import KvPut
 
 pytestmark = pytest.mark.integration
@@ -127,49 +132,32 @@ class _Canary:
         return (_ran, ("canary",))
 
 
-def _plain_frame(message: object) -> bytes:
-    payload = zlib.compress(pickle.dumps(message, protocol=2))
-    return struct.pack("i", len(payload)) + payload
-
-
 def test_raft_port__a_stranger_posing_as_a_member__cannot_run_code_through_a_command(
     tmp_path: Path,
 ) -> None:
     """Without a secret a stranger that gives a member's address is taken for it. It forwards the
-    leader a membership change (pysyncobj's command type 2) whose pickle calls a function: the
-    leader unpickles it on receipt, and ran it before `raftstore.pickling`."""
+    leader a membership change (pysyncobj's command type 2) whose pickle calls a function, which
+    the leader unpickled on receipt and ran before `raftstore.pickling` (now the leader drops it
+    unread: a member forwards only calls of apply_group, `raftstore.entries`); and it sends a
+    message that holds such a pickle itself, which the leader unpickles on receipt."""
 
     async def scenario() -> None:
         RAN.clear()
-        absent, *running = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-        stores = [
-            RaftStore(
-                RaftConfig(
-                    self_address=address,
-                    peers=tuple(peer for peer in (absent, *running) if peer != address),
-                    data_dir=tmp_path / address.replace(":", "_"),
-                )
-            )
-            for address in running
-        ]
-        for store in stores:
-            await store.start()
+        absent, stores = await start_two_of_three(tmp_path)
         try:
-            async with asyncio.timeout(30):
-                while not any(store.is_leader for store in stores):
-                    await asyncio.sleep(0.05)
-            leader = next(store for store in stores if store.is_leader)
+            leader = await leader_of(stores)
             await _commits(leader, "before")
             port = int(leader.config.self_address.rpartition(":")[2])
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
             forged = b"\x02" + pickle.dumps(_Canary(), protocol=2)
-            writer.write(
-                _plain_frame(absent)
-                + _plain_frame({"type": "apply_command", "command": forged, "request_id": 1})
-            )
-            await writer.drain()
-            await asyncio.sleep(HOLD_S)
-            writer.close()
+            for command in (forged, _Canary()):
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(
+                    plain_frame(absent)
+                    + plain_frame({"type": "apply_command", "command": command, "request_id": 1})
+                )
+                await writer.drain()
+                await asyncio.sleep(HOLD_S)
+                writer.close()
             await _commits(leader, "after")
             assert RAN == []
         finally:
