@@ -46,11 +46,12 @@ from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
-from raftstore import entries, frames, pickling
+from raftstore import entries, frames, messages, pickling
 from raftstore.background_sync import SyncRunner, SyncRunnerFactory
 from raftstore.config import RaftConfig
 from raftstore.files import fsync_directory, write_file_durably
 from raftstore.guards import back_off_to_commit_index, keep_matching_entries
+from raftstore.messages import PRE_VOTE, PRE_VOTE_RESPONSE
 from xrcore import Applied, StateMachine
 from xrcore.errors import CodecError, InvalidArgument
 from xrcore.limits import DEFAULT_LIMITS, ENVELOPE_BYTES_MAX, Limits
@@ -78,10 +79,6 @@ _journal_module: Any = importlib.import_module("pysyncobj.journal")
 _sync_obj_on_tick: Callable[[Any, float], None] = getattr(SyncObj, "_onTick")  # noqa: B009
 # SyncObj's apply of one committed entry, which `Replica._SyncObj__doApplyCommand` wraps.
 _sync_obj_do_apply: Callable[[Any, bytes], Any] = getattr(SyncObj, "_SyncObj__doApplyCommand")  # noqa: B009
-
-# xr's pre-vote messages (`Replica._may_campaign`); pysyncobj never sees them.
-PRE_VOTE = "xr_pre_vote"
-PRE_VOTE_RESPONSE = "xr_pre_vote_response"
 
 
 def _is_int(value: Any) -> bool:
@@ -1046,37 +1043,32 @@ class Replica(SyncObj):
            state; so such a snapshot is dropped here, and the entries the leader sends after it
            are checked against the log as usual.
 
-        It also drops a command a peer forwards that is not what an xr member forwards (a call
-        of `apply_group`): pysyncobj's leader logs it undecoded (`raftstore.entries`)."""
+        Before all that it drops a message no member sends (`raftstore.messages`): a term
+        pysyncobj cannot write, a field of another type, a forwarded command that is not a call
+        of `apply_group` (which pysyncobj's leader would log undecoded, `raftstore.entries`)."""
         transport: Any = getattr(self, "_SyncObj__transport")  # noqa: B009 - name-mangled
         receive = transport._onMessageReceivedCallback
         incoming = self._incoming_snapshot
 
         def receive_guarded(node: Any, message: Any) -> None:
-            if isinstance(message, dict):
-                kind = message.get("type")
-                if kind == PRE_VOTE:
-                    self._on_pre_vote(node, message)
-                    return
-                if kind == PRE_VOTE_RESPONSE:
-                    self._on_pre_vote_response(node, message)
-                    return
-                if kind == "apply_command":
-                    try:
-                        entries.forwarded_group(message.get("command"))
-                    except entries.BadEntry as error:
-                        log.warning("a command forwarded by %s dropped: %s", node, error)
-                        return
-                if kind == "append_entries" and _is_int(message.get("term")):
-                    if message["term"] >= self.raftCurrentTerm:
-                        self._leader_heard_s = syncobj_module.monotonicTime()
-                    else:
-                        self._lower_term_leader_heard_s = syncobj_module.monotonicTime()
-            if (
-                isinstance(message, dict)
-                and message.get("type") == "append_entries"
-                and "prevLogIdx" not in message
-            ):
+            try:
+                messages.check(message, self.raftCurrentTerm)
+            except messages.BadMessage as error:
+                log.warning("a message from %s dropped: %s", node, error)
+                return
+            kind = message["type"]
+            if kind == PRE_VOTE:
+                self._on_pre_vote(node, message)
+                return
+            if kind == PRE_VOTE_RESPONSE:
+                self._on_pre_vote_response(node, message)
+                return
+            if kind == "append_entries":
+                if message["term"] >= self.raftCurrentTerm:
+                    self._leader_heard_s = syncobj_module.monotonicTime()
+                else:
+                    self._lower_term_leader_heard_s = syncobj_module.monotonicTime()
+            if kind == "append_entries" and "prevLogIdx" not in message:
                 message = {**message, "commit_index": 0}
                 serialized = message.get("serialized")
                 if serialized is not None:
@@ -1086,7 +1078,7 @@ class Replica(SyncObj):
                         entry = incoming.last_entry()
                         if entry is not None and self._holds(*entry):
                             message["serialized"] = None
-            elif isinstance(message, dict) and message.get("type") == "append_entries":
+            elif kind == "append_entries":
                 message = keep_matching_entries(self, message)
             receive(node, message)
 

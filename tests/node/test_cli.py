@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from node.cli import main, xr
 from node.cli_common import ClientOptions, FiniteFloatRange, resolve_settings, table
-from node.up import UpError, _read_state
+from node.up import RAFT_PORT_OFFSET, UpError, _read_state
 
 pytestmark = pytest.mark.integration
 
@@ -851,11 +851,30 @@ def test_cluster__status_members_transfer_leader(run: Callable[..., Ran]) -> Non
     assert missing.code == 1 and missing.err.startswith("xr: not_found: ")
 
 
-def test_up__a_node_that_cannot_start_shows_its_log_and_stops_the_rest(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+def _a_base_port_of_two_regions_whose_first_is_taken() -> tuple[socket.socket, int]:
+    """A listening socket on a port below the kernel's ephemeral range, whose neighbours that
+    `xr up --regions 2` uses are free. From the ephemeral range (port 0) the next port was
+    sometimes taken, by a connection of a test running beside this one, and the other region
+    failed first."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for base in range(low - 2 * (RAFT_PORT_OFFSET + 2), 1024, -(RAFT_PORT_OFFSET + 2)):
+        taken = socket.socket()
+        try:
+            taken.bind(("127.0.0.1", base))
+            for port in (base + 1, base + RAFT_PORT_OFFSET, base + RAFT_PORT_OFFSET + 1):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            taken.close()
+            continue
         taken.listen()
-        port = taken.getsockname()[1]
+        return taken, base
+    raise AssertionError("no free ports below the ephemeral range")
+
+
+def test_up__a_node_that_cannot_start_shows_its_log_and_stops_the_rest(tmp_path: Path) -> None:
+    taken, port = _a_base_port_of_two_regions_whose_first_is_taken()
+    with taken:
         base_dir = tmp_path / "failing"
         failing = UpProcess(base_dir, "--regions", "2", "--base-port", str(port))
         try:

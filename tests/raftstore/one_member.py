@@ -4,10 +4,12 @@ member alone, or two running members of three, whose third address a stranger gi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import socket
 import struct
 import zlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +42,10 @@ def raft_port(store: RaftStore) -> int:
     return int(store.config.self_address.rpartition(":")[2])
 
 
-async def start_two_of_three(tmp_path: Path) -> tuple[str, list[RaftStore]]:
+@contextlib.asynccontextmanager
+async def two_of_three(tmp_path: Path) -> AsyncIterator[tuple[str, list[RaftStore]]]:
     """Two started members of a three-member cluster, and the third's address, which no member
-    holds (a stranger may give it as its own)."""
+    holds (a stranger may give it as its own); the members are stopped on exit."""
     absent, *running = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     stores = [
         RaftStore(
@@ -54,9 +57,13 @@ async def start_two_of_three(tmp_path: Path) -> tuple[str, list[RaftStore]]:
         )
         for address in running
     ]
-    for store in stores:
-        await store.start()
-    return absent, stores
+    try:
+        for store in stores:
+            await store.start()
+        yield absent, stores
+    finally:
+        for store in stores:
+            await store.stop()
 
 
 async def leader_of(stores: list[RaftStore]) -> RaftStore:
@@ -70,3 +77,13 @@ def plain_frame(message: object) -> bytes:
     """`message` framed as pysyncobj 0.3.17 frames it without a secret."""
     payload = zlib.compress(pickle.dumps(message, protocol=2))
     return struct.pack("i", len(payload)) + payload
+
+
+async def send_as(member: str, store: RaftStore, messages: Sequence[object], hold_s: float) -> None:
+    """Connects to `store`'s Raft port, says it is `member`, sends `messages` and holds the
+    connection `hold_s` (a pause for the store to read them, not a bound) before closing it."""
+    _, writer = await asyncio.open_connection("127.0.0.1", raft_port(store))
+    writer.write(b"".join(plain_frame(message) for message in [member, *messages]))
+    await writer.drain()
+    await asyncio.sleep(hold_s)
+    writer.close()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from raftstore.store import RaftStore
-from tests.raftstore.one_member import leader_of, plain_frame, start_two_of_three
+from tests.raftstore.one_member import leader_of, send_as, two_of_three
 from xrcore.commands import KvPut
 
 pytestmark = pytest.mark.integration
@@ -36,6 +36,15 @@ BAD_COMMANDS = [
     b"\x00" + pickle.dumps(0, protocol=2),
     b"\x03garbage",
 ]
+
+# ...and forwarded to a leader by a stranger posing as a member, with an empty entry and two that
+# are not bytes.
+FORWARDED = [
+    {"type": "apply_command", "command": command, "request_id": number}
+    for number, command in enumerate([*BAD_COMMANDS, b"", "text", 5])
+]
+# A pause for a member to read what a stranger sent: not a bound that is asserted.
+HOLD_S = 0.5
 
 
 async def _commits(store: RaftStore, key: str) -> None:
@@ -61,29 +70,15 @@ def test_raft_port__commands_no_member_forwards__are_dropped_and_the_log_goes_on
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def scenario() -> None:
-        absent, stores = await start_two_of_three(tmp_path)
-        try:
+        async with two_of_three(tmp_path) as (absent, stores):
             leader = await leader_of(stores)
             await _commits(leader, "before")
-            port = int(leader.config.self_address.rpartition(":")[2])
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            forwarded = [
-                {"type": "apply_command", "command": command, "request_id": number}
-                for number, command in enumerate([*BAD_COMMANDS, b"", "text", 5])
-            ]
-            writer.write(b"".join(plain_frame(message) for message in [absent, *forwarded]))
-            await writer.drain()
-            async with asyncio.timeout(10):
-                while caplog.text.count("dropped") < len(forwarded):
-                    await asyncio.sleep(0.05)
-            writer.close()
+            await send_as(absent, leader, FORWARDED, HOLD_S)
             await _all_commit_and_agree(stores, leader)
-        finally:
-            for store in stores:
-                await store.stop()
 
     with caplog.at_level(logging.WARNING, logger="raftstore.replica"):
         asyncio.run(scenario())
+    assert caplog.text.count("dropped") == len(FORWARDED)
     assert "skipped" not in caplog.text
 
 
@@ -91,17 +86,13 @@ def test_entries_that_cannot_be_applied__are_skipped_on_every_member(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def scenario() -> None:
-        _, stores = await start_two_of_three(tmp_path)
-        try:
+        async with two_of_three(tmp_path) as (_, stores):
             leader = await leader_of(stores)
             await _commits(leader, "before")
             # Past the check on forwarded commands: straight into the leader's log.
             for command in BAD_COMMANDS:
                 leader.replica._applyCommand(command, None)
             await _all_commit_and_agree(stores, leader)
-        finally:
-            for store in stores:
-                await store.stop()
 
     with caplog.at_level(logging.ERROR, logger="raftstore.replica"):
         asyncio.run(scenario())

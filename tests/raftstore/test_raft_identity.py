@@ -28,7 +28,7 @@ from tests.raftstore.one_member import (
     plain_frame,
     raft_port,
     start_member,
-    start_two_of_three,
+    two_of_three,
 )
 from xrcore.commands import KvPut
 
@@ -143,8 +143,7 @@ def test_raft_port__a_stranger_posing_as_a_member__cannot_run_code_through_a_com
 
     async def scenario() -> None:
         RAN.clear()
-        absent, stores = await start_two_of_three(tmp_path)
-        try:
+        async with two_of_three(tmp_path) as (absent, stores):
             leader = await leader_of(stores)
             await _commits(leader, "before")
             port = int(leader.config.self_address.rpartition(":")[2])
@@ -160,8 +159,5 @@ def test_raft_port__a_stranger_posing_as_a_member__cannot_run_code_through_a_com
                 writer.close()
             await _commits(leader, "after")
             assert RAN == []
-        finally:
-            for store in stores:
-                await store.stop()
 
     asyncio.run(scenario())
