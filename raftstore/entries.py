@@ -13,6 +13,9 @@ scratch script this check's tests grew from (`tests/raftstore/test_raft_entries.
 Two checks, one on each side of the log:
 - `forwarded_group`: a leader takes from a peer only what an xr member forwards, a call of
   `apply_group` with one byte string; `Replica` drops anything else before pysyncobj sees it.
+- `check_replicated`: a follower takes from a leader no entry it would choke on when it reads
+  it on receipt (an empty one, a membership change that does not decode); `raftstore.messages`
+  drops the message that holds one.
 - `applicable_group`: an entry already in the log that cannot be applied (from a forged leader,
   or written by a member of another version) is skipped: applied as a no-op, and logged. Every
   member reads the same bytes, so every member skips the same entries and the replicas stay
@@ -30,7 +33,7 @@ from pysyncobj.node import TCPNode
 
 from raftstore import pickling
 
-__all__ = ["APPLY_GROUP_ID", "BadEntry", "applicable_group", "forwarded_group"]
+__all__ = ["APPLY_GROUP_ID", "BadEntry", "applicable_group", "check_replicated", "forwarded_group"]
 
 # pysyncobj's `_COMMAND_TYPE`.
 _REGULAR = 0
@@ -99,17 +102,26 @@ def _check_membership(request: Any) -> None:
         _check_member(member)
 
 
+def check_replicated(command: Any) -> None:
+    """`BadEntry` if a follower could not take `command`, an entry its leader sends: pysyncobj
+    reads the type of every entry and decodes a membership change on receipt, and an empty
+    entry, one that is not bytes, or a change that does not decode raises there, every time the
+    leader sends it. Anything else is read only when applied (`applicable_group`), and must be
+    taken, or an entry already in a leader's log would keep its followers from catching up."""
+    if not isinstance(command, bytes) or not command:
+        raise BadEntry("the entry is not a non-empty byte string")
+    if command[0] == _MEMBERSHIP:
+        _check_membership(_unpickled(command[1:]))
+
+
 def applicable_group(command: Any) -> bytes | None:
     """The group of the committed entry `command` if it is a regular one; None if it is another
     kind that pysyncobj can apply (a no-op, a membership change, a code version); `BadEntry` if
     it cannot be applied."""
-    if not isinstance(command, bytes) or not command:
-        raise BadEntry("the entry is not a non-empty byte string")
+    check_replicated(command)
     kind = command[0]
     if kind == _REGULAR:
         return _group(command[1:])
     if kind == _VERSION and type(_unpickled(command[1:])) is not int:
         raise BadEntry("a code version is not an integer")
-    if kind == _MEMBERSHIP:
-        _check_membership(_unpickled(command[1:]))
     return None

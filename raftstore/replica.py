@@ -924,11 +924,16 @@ class Replica(SyncObj):
     # the next term and puts its deadline off by a new election timeout. The others answer
     # without changing any state: yes if its log is at least as up to date as theirs and they
     # have not heard from a leader within the minimum election timeout (a leader always says
-    # no). Once a majority, itself included, said yes, its deadline is set to now, and the next
-    # tick campaigns. A leadership transfer (`timeout_now`) campaigns at once, as in etcd.
+    # no), and with their term, which a member behind it takes. Once a majority, itself
+    # included, said yes, its deadline is set to now, and the next tick campaigns. A leadership
+    # transfer (`timeout_now`) campaigns at once, as in etcd.
 
     # Tests turn it off to show the member stranded without it.
     campaign_over_lower_term_leader = True
+    # A refused round's answer carries the voter's term, and a member behind it takes it, as
+    # etcd's pre-candidate does (`_on_pre_vote_response`). Tests turn it off to show the
+    # deadlock without it.
+    take_term_from_refusal = True
 
     def _SyncObj__connectedToAnyone(self) -> bool:
         connected = bool(getattr(SyncObj, "_SyncObj__connectedToAnyone")(self))  # noqa: B009
@@ -983,7 +988,7 @@ class Replica(SyncObj):
         return False
 
     def _on_pre_vote(self, node: Any, message: dict[str, Any]) -> None:
-        """Answers a pre-vote request; changes nothing here."""
+        """Answers a pre-vote request, with this member's term; changes nothing here."""
         fields: list[Any] = [
             message.get(key) for key in ("term", "last_log_index", "last_log_term")
         ]
@@ -1007,9 +1012,26 @@ class Replica(SyncObj):
             else "no (" + ("a leader is heard" if leader_heard else "log or term") + ")",
         )
         transport: Any = getattr(self, "_SyncObj__transport")  # noqa: B009 - name-mangled
-        transport.send(node, {"type": PRE_VOTE_RESPONSE, "term": term, "granted": granted})
+        answer = {"type": PRE_VOTE_RESPONSE, "term": term, "granted": granted}
+        transport.send(node, {**answer, "current_term": self.raftCurrentTerm})
 
     def _on_pre_vote_response(self, node: Any, message: dict[str, Any]) -> None:
+        current_term = message.get("current_term")
+        if (
+            self.take_term_from_refusal
+            and message.get("granted") is False
+            and isinstance(current_term, int)  # checked, with the rest, by `messages.check`
+            and current_term > self.raftCurrentTerm
+            and not self._isLeader()
+        ):
+            # A voter of a higher term refuses every round below its term, and a member whose
+            # log is behind can win no round: if the member with the newest log is the one at
+            # the lower term, neither can ever lead (found by tests/sim/test_stranger.py; a
+            # candidate that dies after its request reached one member leaves the same). It
+            # takes the voter's term, and its next round is for the term above it.
+            log.info("pre-vote refused by %s, at term %d: taking that term", node, current_term)
+            getattr(self, "_SyncObj__setCurrentTerm")(current_term, None)  # noqa: B009
+            return
         if message.get("granted") is not True or message.get("term") != self._pre_vote_term:
             return
         if self._pre_vote_term != self.raftCurrentTerm + 1:
@@ -1052,7 +1074,7 @@ class Replica(SyncObj):
 
         def receive_guarded(node: Any, message: Any) -> None:
             try:
-                messages.check(message, self.raftCurrentTerm)
+                messages.check(message)
             except messages.BadMessage as error:
                 log.warning("a message from %s dropped: %s", node, error)
                 return

@@ -888,7 +888,11 @@ class SimCluster:
             node.pending.remove(proposal)
             proposal.completed_s = self.now_s
             proposal.reason = reason
-            if reason == FAIL_REASON.SUCCESS:
+            if reason == FAIL_REASON.SUCCESS and not isinstance(results, list):
+                # Another entry at its index and term: only a stranger posing as a leader puts
+                # one there (tests/sim/test_stranger.py). Its outcome is unknown.
+                proposal.status = "failed"
+            elif reason == FAIL_REASON.SUCCESS:
                 proposal.status = "ok"
                 proposal.results = list(results)
                 if record and proposal.client_id is not None and proposal.results:

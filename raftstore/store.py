@@ -354,7 +354,13 @@ class RaftStore:
         if group.timer is not None:
             group.timer.cancel()
         commands = sum(1 for pending in group.members if pending.entry is not None)
-        if reason == FAIL_REASON.SUCCESS and len(results) != commands:
+        # Another entry than this group's at its index and term (an entry skipped as one no
+        # member can apply answers None) is not its answer. Only a stranger posing as a leader
+        # of the same term can put one there; raising here, inside pysyncobj's apply loop,
+        # would have made it apply the entry again.
+        if reason == FAIL_REASON.SUCCESS and (
+            not isinstance(results, list) or len(results) != commands
+        ):
             reason = FAIL_REASON.UNKNOWN_OUTCOME
         if reason == FAIL_REASON.SUCCESS:
             applied = iter(results)

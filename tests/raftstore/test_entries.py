@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pysyncobj.node import TCPNode
 
-from raftstore.entries import BadEntry, applicable_group, forwarded_group
+from raftstore.entries import BadEntry, applicable_group, check_replicated, forwarded_group
 
 
 def _call(call: Any, protocol: int = 5) -> bytes:
@@ -89,3 +89,25 @@ def _odd_node() -> TCPNode:
 def test_pysyncobj_entries_it_cannot_apply__are_refused(command: bytes, reason: str) -> None:
     with pytest.raises(BadEntry, match=reason):
         applicable_group(command)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [b"\x00garbage", _call((7, (b"group",))), b"\x03garbage", b"\x03" + pickle.dumps("1")],
+)
+def test_what_a_follower_reads_only_when_applying__it_takes_from_its_leader(
+    command: bytes,
+) -> None:
+    """Refusing it on receipt would keep a follower from ever catching up with a leader whose
+    log holds it; it is skipped when applied instead, on every member alike."""
+    check_replicated(command)
+    with pytest.raises(BadEntry):
+        applicable_group(command)
+
+
+@pytest.mark.parametrize(
+    "command", [b"", "text", _member_change(["add", ""]), _member_change(["move", "h:1"])]
+)
+def test_what_a_follower_reads_on_receipt__must_decode(command: Any) -> None:
+    with pytest.raises(BadEntry):
+        check_replicated(command)

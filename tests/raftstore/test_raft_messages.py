@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pysyncobj.node import TCPNode
 
-from raftstore.messages import INT_MAX, TERM_STEP_MAX, BadMessage, check
+from raftstore.messages import INT_MAX, BadMessage, check
 from raftstore.store import RaftStore
 from tests.raftstore.one_member import leader_of, send_as, two_of_three
 from xrcore.commands import KvPut
@@ -74,10 +74,10 @@ SENT: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("label", SENT)
 def test_what_members_send__passes(label: str) -> None:
-    check(SENT[label], 4)
+    check(SENT[label])
     # Read back from a frame, in either protocol.
     for protocol in (2, 5):
-        check(pickle.loads(pickle.dumps(SENT[label], protocol=protocol)), 4)
+        check(pickle.loads(pickle.dumps(SENT[label], protocol=protocol)))
 
 
 def _with(label: str, **fields: Any) -> dict[str, Any]:
@@ -93,13 +93,17 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "a negative index": (_with("request_vote", last_log_index=-1), "last_log_index"),
     "a bool for a term": (_with("response_vote", term=True), "term is not an integer"),
     "no term": ({"type": "timeout_now"}, "term is not an integer"),
-    "a term too far ahead": (_with("request_vote", term=4 + TERM_STEP_MAX + 1), "2\\*\\*32 ahead"),
     "a string commit index": (_with("append_entries", commit_index="7"), "commit_index"),
     "entries not a list": (_with("append_entries", entries="x"), "entries is not a list"),
     "an entry of two": (_with("append_entries", entries=[(_CALL, 9)]), "not \\(command"),
     "an entry's command a string": (
         _with("append_entries", entries=[("text", 9, 3)]),
-        "command is not bytes",
+        "not a non-empty byte string",
+    ),
+    "an empty entry": (_with("append_entries", entries=[(b"", 9, 3)]), "non-empty"),
+    "an entry of a membership change that does not decode": (
+        _with("append_entries", entries=[(b"\x02garbage", 9, 3)]),
+        "does not unpickle",
     ),
     "an entry out of order": (
         _with("append_entries", entries=[(_CALL, 10, 3)]),
@@ -134,13 +138,13 @@ REFUSED: dict[str, tuple[Any, str]] = {
 def test_what_no_member_sends__is_refused(label: str) -> None:
     message, reason = REFUSED[label]
     with pytest.raises(BadMessage, match=reason):
-        check(message, 4)
+        check(message)
 
 
-def test_the_largest_term_the_journal_writes__passes_from_a_member_near_it() -> None:
-    check(_with("request_vote", term=INT_MAX), INT_MAX - 1)
+def test_the_largest_term_the_journal_writes__passes() -> None:
+    check(_with("request_vote", term=INT_MAX))
     with pytest.raises(BadMessage):
-        check(_with("request_vote", term=INT_MAX + 1), INT_MAX)
+        check(_with("request_vote", term=INT_MAX + 1))
 
 
 # A pause for a member to read what a stranger sent: not a bound that is asserted.
@@ -150,7 +154,6 @@ STALLED = [
     _with("request_vote", term=1e300, last_log_index=10**9, last_log_term=10**9),
     _with("request_vote", term=1 << 70, last_log_index=10**9, last_log_term=1 << 70),
     _with("append_entries", term=1e300, entries=[], prevLogIdx=0, prevLogTerm=0),
-    _with("request_vote", term=INT_MAX, last_log_index=10**9, last_log_term=INT_MAX),
 ]
 
 

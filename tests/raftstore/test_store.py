@@ -20,6 +20,7 @@ import uvloop
 
 from raftstore.clock import RealClock
 from raftstore.config import RaftConfig
+from raftstore.replica import Replica
 from raftstore.store import RaftStore
 from xrcore import StateMachine, errors, kv
 from xrcore.commands import KvPut
@@ -495,3 +496,27 @@ def test_under_uvloop__an_idle_cluster_keeps_its_leader_and_ticks_raise_nothing(
     configs = _configs(tmp_path, commit_notice_delay_s=0.0003)
     _run(body, configs, loop_factory=uvloop.new_event_loop)
     assert [record.getMessage() for record in caplog.records] == []
+
+
+def test_a_group_answered_by_another_entry__is_of_unknown_outcome_and_applied_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pysyncobj answers a proposal with whatever entry holds its index and term: a stranger
+    posing as a leader of the same term can put another there, and one no member can apply
+    answers None (`raftstore.entries`). The store raised on it inside pysyncobj's apply loop,
+    which then applied the entry again on the next tick, and the write waited for its deadline."""
+    (config,) = _configs(tmp_path, count=1)
+
+    def logs_another_entry(replica: Replica, group: bytes, callback: Any) -> None:
+        replica._applyCommand(b"\x00another entry", callback)
+
+    async def body(stores: list[RaftStore]) -> None:
+        monkeypatch.setattr(Replica, "propose_group", logs_another_entry)
+        with pytest.raises(errors.UnknownOutcome):
+            await stores[0].propose(KvPut(key="a", value=b""), timeout_s=5.0)
+        monkeypatch.undo()
+        await stores[0].propose(KvPut(key="b", value=b""))
+
+    with caplog.at_level(logging.ERROR, logger="raftstore.replica"):
+        _run(body, [config])
+    assert caplog.text.count("skipped") == 1
