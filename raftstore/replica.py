@@ -1162,8 +1162,19 @@ class Replica(SyncObj):
 
     def propose_group(self, group: bytes, callback: Callable[[Any, int], None]) -> None:
         """Proposes a group; `callback(results, reason)` runs inside a tick once it is
-        applied here, or has failed. pysyncobj's decorator adds the `callback` argument."""
-        self.apply_group(group, callback=callback)  # type: ignore[call-arg]
+        applied here, or has failed. pysyncobj's decorator adds the `callback` argument.
+
+        pysyncobj calls a completion inside its apply loop, before it counts the entry applied:
+        one that raised made it apply the entry again on the next tick, so this member's state
+        went one entry ahead of the others'. What `callback` raises is logged instead."""
+
+        def completion(results: Any, reason: int) -> None:
+            try:
+                callback(results, reason)
+            except Exception:
+                log.exception("a proposal's completion raised; its entry stays applied once")
+
+        self.apply_group(group, callback=completion)  # type: ignore[call-arg]
 
     def last_contact_s(self) -> dict[str, float]:
         """On the leader: seconds since each follower last answered, by address."""

@@ -520,3 +520,32 @@ def test_a_group_answered_by_another_entry__is_of_unknown_outcome_and_applied_on
     with caplog.at_level(logging.ERROR, logger="raftstore.replica"):
         _run(body, [config])
     assert caplog.text.count("skipped") == 1
+
+
+def test_a_completion_that_raises__leaves_its_entry_applied_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pysyncobj calls a proposal's completion inside its apply loop, before it counts the entry
+    applied: one that raised made it apply the entry again on the next tick."""
+    (config,) = _configs(tmp_path, count=1, propose_timeout_s=1.0)
+    settle = RaftStore._settle
+
+    def raises_once(store: RaftStore, group: Any, results: Any, reason: int) -> None:
+        monkeypatch.setattr(RaftStore, "_settle", settle)
+        raise RuntimeError("a completion that fails")
+
+    async def body(stores: list[RaftStore]) -> None:
+        (store,) = stores
+        monkeypatch.setattr(RaftStore, "_settle", raises_once)
+        with pytest.raises(errors.Timeout):
+            await store.propose(KvPut(key="b", value=b""))
+        await store.propose(KvPut(key="c", value=b""))
+        # Applied twice, "b" was at version 2 and the KV revision at 3.
+        versions = store.replica.read(
+            lambda machine: (machine.revision, {k: r.version for k, r in machine.keys.items()})
+        )
+        assert versions == (2, {"b": 1, "c": 1})
+
+    with caplog.at_level(logging.ERROR, logger="raftstore.replica"):
+        _run(body, [config])
+    assert "a proposal's completion raised" in caplog.text
