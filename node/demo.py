@@ -34,7 +34,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from node.config import hash_token
-from node.localcluster import LocalCluster, prepare_directory
+from node.localcluster import SECRET_FILE, LocalCluster, prepare_directory, secret_file
 
 __all__ = ["DemoError", "DemoOptions", "DemoReport", "run"]
 
@@ -199,10 +199,12 @@ class _Demo:
 
     def run(self, base_dir: Path) -> DemoReport:
         quick = self.options.quick
+        # Raft is authenticated, as in production (docs/security.md).
+        secret = secret_file(base_dir / SECRET_FILE)
         cluster = LocalCluster(
             base_dir,
             region_names=[plan.name for plan in REGIONS],
-            settings=_cluster_settings(quick),
+            settings={**_cluster_settings(quick), "raft.cluster_secret_file": str(secret)},
             region_settings=_region_settings(),
             config_text=self._config_text(),
         )

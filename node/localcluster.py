@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -25,9 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalCluster", "LocalNode", "free_ports", "prepare_directory"]
+__all__ = [
+    "SECRET_FILE",
+    "LocalCluster",
+    "LocalNode",
+    "free_ports",
+    "prepare_directory",
+    "secret_file",
+]
 
 HOST = "127.0.0.1"
+# The cluster secret `xr up` and `xr demo` make for their nodes' Raft traffic.
+SECRET_FILE = "cluster-secret"
 
 
 def prepare_directory(path: Path) -> None:
@@ -37,6 +47,17 @@ def prepare_directory(path: Path) -> None:
     descriptor, probe = tempfile.mkstemp(dir=path, prefix=".xr-probe-")
     os.close(descriptor)
     os.unlink(probe)
+
+
+def secret_file(path: Path) -> Path:
+    """`path`, a cluster secret file (32 random bytes, mode 0600), made if it does not exist."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 def free_ports(count: int) -> list[int]:

@@ -14,6 +14,12 @@ in their own sessions so that Ctrl-C reaches `xr up` alone and the shutdown stay
 Without `--dir` the data lives in a temporary directory removed at the end (unless
 `--keep-data`). With `--dir` the data stays, and the ports are recorded in `xr-up.json` there, so
 running `xr up --dir D` again restarts the same cluster from its data at the same addresses.
+
+Raft traffic between the regions is authenticated with a cluster secret that `xr up` makes (32
+random bytes, in `cluster-secret` in the directory, mode 0600, kept for restarts) unless a secret
+or `raft.insecure` is given. Without one anyone on the host could pose as a member on the
+loopback Raft ports and rewrite the cluster's state, or stop it for good with one message to
+each member (a term the journal cannot go past; docs/robustness.md, "The Raft port").
 """
 
 from __future__ import annotations
@@ -31,7 +37,15 @@ from types import FrameType
 from typing import Any
 
 from node.files import CONFIG_BYTES_MAX, read_bounded
-from node.localcluster import HOST, LocalCluster, LocalNode, free_ports, prepare_directory
+from node.localcluster import (
+    HOST,
+    SECRET_FILE,
+    LocalCluster,
+    LocalNode,
+    free_ports,
+    prepare_directory,
+    secret_file,
+)
 
 __all__ = ["STATE_FILE", "UpError", "UpOptions", "plan_ports", "run_up"]
 
@@ -83,9 +97,10 @@ def plan_ports(
 
 def _check_settings(
     options: UpOptions, names: list[str], http_ports: list[int], raft_ports: list[int]
-) -> None:
+) -> bool:
     """Loads the first region's configuration as its node will (the environment, then the
-    flags, then `--set`), so that a bad `--set` is refused before any node starts."""
+    flags, then `--set`), so that a bad `--set` is refused before any node starts. Returns
+    whether it leaves Raft without a secret, and not by `raft.insecure`."""
     from node.config import ConfigError, load_config
 
     data_dir = (options.base_dir or Path(tempfile.gettempdir()) / "xr-up") / names[0]
@@ -98,9 +113,10 @@ def _check_settings(
         **options.settings,
     }
     try:
-        load_config(overrides=overrides)
+        config = load_config(overrides=overrides)
     except ConfigError as error:
         raise UpError(f"invalid setting: {error}") from None
+    return config.raft.cluster_secret is None and not config.raft.insecure
 
 
 def _read_state(base_dir: Path, region_names: list[str]) -> dict[str, Any] | None:
@@ -275,9 +291,15 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
             raise UpError(f"--dir {base_dir} cannot be used: {error.strerror or error}") from None
         recorded = _read_state(base_dir, names)
     http_ports, raft_ports = plan_ports(names, base_port=options.base_port, recorded=recorded)
-    _check_settings(options, names, http_ports, raft_ports)
+    needs_secret = _check_settings(options, names, http_ports, raft_ports)
     if options.base_dir is None:
         base_dir = Path(tempfile.mkdtemp(prefix="xr-up-"))
+    settings = dict(options.settings)
+    if needs_secret:
+        try:
+            settings["raft.cluster_secret_file"] = str(secret_file(base_dir / SECRET_FILE))
+        except OSError as error:
+            raise UpError(f"{base_dir / SECRET_FILE} cannot be made: {error}") from None
     remove_dir = options.base_dir is None and not options.keep_data
     stops = _StopRequests()
     stops.install()
@@ -286,7 +308,7 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
         cluster = LocalCluster(
             base_dir,
             region_names=names,
-            settings=options.settings,
+            settings=settings,
             http_ports=http_ports,
             raft_ports=raft_ports,
         )
@@ -294,6 +316,8 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
         _write_state(cluster, names)
         restarting = " (restarting from its data)" if recorded is not None else ""
         echo(f"starting {len(names)} regions in {base_dir}{restarting}")
+        if needs_secret:
+            echo(f"Raft traffic is authenticated with the secret in {base_dir / SECRET_FILE}")
         if not _start(cluster, stops, echo, warn, options.start_timeout_s):
             return 130 if stops.count else 1
         echo("")

@@ -22,7 +22,8 @@ pysyncobj sees it.
 This does not make a stranger who poses as a member harmless; only the cluster secret does that:
 well-formed messages of a higher term still let it rewrite the cluster's state, or hold off
 elections while it sends them. Nor can any check stop it from using up the terms: a term of
-2**64 - 1 is one the journal can write, and the next election's term is not. A bound below that
+2**64 - 1 is one the journal can write, and the next election's term is not (the member becomes
+a candidate for good, at terms the others drop). A bound below that
 only moves the edge: a stranger sets one member's term at the bound and the others refuse that
 member's next term, so no leader is ever elected again. A bound relative to the receiver's own
 term (at most 2**32 ahead, tried) splits the members the same way, in one message, as the
