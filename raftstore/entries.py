@@ -10,7 +10,7 @@ forwards it (`apply_command`), so one frame from anyone who could pose as a memb
 without a cluster secret: anyone on the host) stopped every member's log for good. Found by a
 scratch script this check's tests grew from (`tests/raftstore/test_raft_entries.py`).
 
-Two checks, one on each side of the log:
+Three checks, on the way into the log and out of it:
 - `forwarded_group`: a leader takes from a peer only what an xr member forwards, a call of
   `apply_group` with one byte string; `Replica` drops anything else before pysyncobj sees it.
 - `check_replicated`: a follower takes from a leader no entry it would choke on when it reads
