@@ -10,7 +10,8 @@ Each seed here draws a schedule: a 3-member cluster whose third member is gone, 
 gives the third member's address and sends the other two 60 messages of every type pysyncobj and
 xr send, with fields near the receiver's own (its term, its last index) or out of any range
 (negative, past 64 bits, floats, strings), entries of every kind a log holds, while clients
-write; then the stranger goes, and a write must commit within `PROGRESS_WITHIN_S`. Excluded, and
+write; then the stranger goes, and a write must commit within `PROGRESS_WITHIN_S`. Odd seeds
+run the members in `durability = "fsync"` mode, even ones in "write" mode. Excluded, and
 why: membership changes (a stranger that poses as leader can take the members out of the
 cluster: that is a rewrite of the state, which only the secret stops) and code versions above the
 member's (pysyncobj stops a member's log there until it is upgraded, by design), and terms near
@@ -176,7 +177,16 @@ class Stranger:
 
 def run_seed(seed: int, data_dir: Path) -> None:
     stranger = Stranger(seed)
-    with SimCluster(3, seed=seed, data_dir=data_dir, replay=replay_command(seed, THIS_FILE)) as sim:
+    # Odd seeds in "fsync" mode: xr's own journal and outbox (`DurableJournal`), even ones in
+    # pysyncobj's journal.
+    durability = "fsync" if seed % 2 else "write"
+    with SimCluster(
+        3,
+        seed=seed,
+        data_dir=data_dir,
+        replay=replay_command(seed, THIS_FILE),
+        raft_options={"durability": durability},
+    ) as sim:
         # A stranger may forge entries: replicas may then differ, and leases move oddly.
         sim.checker.violation = lambda text: None  # type: ignore[method-assign]
         first = sim.commit(KvPut(key="first", value=b"v"), client_id="c", seq=1)
