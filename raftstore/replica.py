@@ -81,10 +81,6 @@ _sync_obj_on_tick: Callable[[Any, float], None] = getattr(SyncObj, "_onTick")  #
 _sync_obj_do_apply: Callable[[Any, bytes], Any] = getattr(SyncObj, "_SyncObj__doApplyCommand")  # noqa: B009
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 # A log entry holds at most this many commands; a group beyond it is malformed.
 GROUP_COMMANDS_MAX = 4_096
 SNAPSHOT_MAGIC = b"xr-raft-snapshot-1\n"
@@ -988,13 +984,11 @@ class Replica(SyncObj):
         return False
 
     def _on_pre_vote(self, node: Any, message: dict[str, Any]) -> None:
-        """Answers a pre-vote request, with this member's term; changes nothing here."""
-        fields: list[Any] = [
-            message.get(key) for key in ("term", "last_log_index", "last_log_term")
-        ]
-        if not all(_is_int(value) for value in fields):
-            return
-        term, last_index, last_term = (int(value) for value in fields)
+        """Answers a pre-vote request (its fields checked by `messages.check`), with this
+        member's term; changes nothing here."""
+        term: int = message["term"]
+        last_index: int = message["last_log_index"]
+        last_term: int = message["last_log_term"]
         own_term = getattr(self, "_SyncObj__getCurrentLogTerm")()  # noqa: B009
         own_index = getattr(self, "_SyncObj__getCurrentLogIndex")()  # noqa: B009
         up_to_date = last_term > own_term or (last_term == own_term and last_index >= own_index)
@@ -1020,7 +1014,7 @@ class Replica(SyncObj):
         if (
             self.take_term_from_refusal
             and message.get("granted") is False
-            and isinstance(current_term, int)  # checked, with the rest, by `messages.check`
+            and current_term is not None  # absent from older members' answers
             and current_term > self.raftCurrentTerm
             and not self._isLeader()
         ):

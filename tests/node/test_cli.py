@@ -14,16 +14,13 @@ import hashlib
 import io
 import json
 import os
-import pickle
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +36,7 @@ from node.cli import main, xr
 from node.cli_common import ClientOptions, FiniteFloatRange, resolve_settings, table
 from node.localcluster import SECRET_FILE
 from node.up import RAFT_PORT_OFFSET, STATE_FILE, UpError, _read_state
+from tests.raftstore.one_member import plain_frame
 
 pytestmark = pytest.mark.integration
 
@@ -911,7 +909,7 @@ def test_up__raft_is_authenticated_with_a_secret_it_makes_and_a_stranger_is_refu
         vote = {"type": "request_vote", "term": (1 << 64) - 1}
         vote.update(last_log_index=1 << 40, last_log_term=(1 << 64) - 1)
         with socket.create_connection(("127.0.0.1", raft_ports[0])) as stranger:
-            stranger.sendall(b"".join(_plain_frame(message) for message in (member, vote)))
+            stranger.sendall(b"".join(plain_frame(message) for message in (member, vote)))
             stranger.settimeout(10)
             # Closed unanswered: the frame is not a Fernet token.
             with contextlib.suppress(ConnectionResetError):
@@ -923,12 +921,6 @@ def test_up__raft_is_authenticated_with_a_secret_it_makes_and_a_stranger_is_refu
         assert max(row["term"] for row in rows) < 1000, rows
     finally:
         cluster.kill()
-
-
-def _plain_frame(message: object) -> bytes:
-    """`message` framed as pysyncobj frames it without a secret."""
-    payload = zlib.compress(pickle.dumps(message, protocol=2))
-    return struct.pack("i", len(payload)) + payload
 
 
 @pytest.mark.parametrize(
