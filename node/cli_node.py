@@ -176,8 +176,8 @@ def node_run(config_path: str | None, settings: dict[str, str], check: bool, **f
 def _check_files(config: NodeConfig) -> None:
     """What `run` reads or writes at start besides the configuration, checked without starting:
     the TLS files, the tokens file, the audit log's path, the data directory and, with
-    `executor.job_user`, that jobs can run as that user, so that a bad one shows in `--check`
-    rather than at start (`ConfigError`)."""
+    `executor.job_user` or `executor.tenant_users`, that jobs can run as those users, so that a
+    bad one shows in `--check` rather than at start (`ConfigError`)."""
     from node.api.audit import check_audit_path
     from node.api.auth import Authenticator
     from node.config import ConfigError
@@ -195,17 +195,30 @@ def _check_files(config: NodeConfig) -> None:
             raise ConfigError(
                 f"setting audit.path: {config.audit_path}: {error.strerror}"
             ) from None
-    if config.executor.enabled and config.executor.job_user is not None:
-        from node.executor.executor import worker_environment
-        from node.executor.job_user import check, lookup
+    if not config.executor.enabled:
+        return
+    from node.executor.checkpoints import tenant_area
+    from node.executor.executor import worker_environment
+    from node.executor.job_user import check, lookup
 
-        user = lookup(config.executor.job_user)
+    users = (
+        []
+        if config.executor.job_user is None
+        else [("executor.job_user", "", config.executor.job_user)]
+    )
+    users += [
+        ("executor.tenant_users", tenant_area(tenant), name)
+        for tenant, name in config.executor.tenant_users.items()
+    ]
+    for setting, area, name in users:
+        user = lookup(name, setting=setting)
         check(
             user,
             python=config.executor.python or sys.executable,
             environment=worker_environment(user),
-            checkpoint_dir=config.checkpoint_dir,
+            checkpoint_dir=config.checkpoint_dir / area,
             make_directory=False,
+            setting=setting,
         )
 
 

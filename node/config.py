@@ -24,6 +24,7 @@ import msgspec
 
 from node.files import CONFIG_BYTES_MAX, SECRET_BYTES_MAX, read_text_bounded
 from raftstore.config import RaftConfig
+from xrcore._validate import check_name
 from xrcore.errors import InvalidArgument
 
 __all__ = [
@@ -219,6 +220,12 @@ class ExecutorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # start that the user can run `executor.python` and write in the checkpoint directory
     # (docs/security.md). Default: the node's own user.
     job_user: str | None = None
+    # Tenants whose jobs run as an OS user of their own, tenant name = user name: a tenant's
+    # checkpoint area is then that user's alone (mode 0700), and its workers cannot signal or
+    # read other tenants' (docs/security.md, "A user per tenant"). Other tenants' jobs run as
+    # job_user, or as the node's user. The node must run as root, and each user must have the
+    # same uid in every region (the checkpoint directory is shared).
+    tenant_users: dict[str, str] = {}
     # The Python interpreter that runs the workers. Default: the node's own. With job_user, one
     # that user can run and import xr and its dependencies with.
     python: str | None = None
@@ -358,14 +365,14 @@ def _coerce_text(dotted: str, text: str, kind: Any) -> Any:
     """A setting given as text (environment, --set) in the shape the file would have."""
     if kind is list or getattr(kind, "__origin__", None) is list:
         return _split_list(text)
-    if dotted in ("region.labels", "region.rtt_ms"):
+    if dotted in ("region.labels", "region.rtt_ms", "executor.tenant_users"):
         pairs: dict[str, str] = {}
         for pair in _split_list(text):
             key, separator, value = pair.partition("=")
             if not separator:
                 raise ConfigError(f"setting {dotted}: {pair!r} must be key=value")
             pairs[key.strip()] = value.strip()
-        if dotted == "region.labels":
+        if dotted != "region.rtt_ms":
             return pairs
         try:
             return {key: float(value) for key, value in pairs.items()}
@@ -681,6 +688,18 @@ def _check_executor(executor: ExecutorConfig) -> None:
         except KeyError:
             raise ConfigError(
                 f"setting executor.job_user: there is no user {executor.job_user!r} on this machine"
+            ) from None
+    for tenant, user in executor.tenant_users.items():
+        try:
+            check_name("tenant", tenant)
+        except InvalidArgument as error:
+            raise ConfigError(f"setting executor.tenant_users: {error}") from None
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise ConfigError(
+                f"setting executor.tenant_users: there is no user {user!r} (tenant {tenant!r}) "
+                "on this machine"
             ) from None
     if executor.python is not None and not executor.python:
         raise ConfigError(

@@ -7,14 +7,23 @@ since the last checkpoint cost nothing (`SavedCheckpoint.bytes_written` says wha
 manifest names the chunks, each array's dtype and shape, the step, the attempt's fencing token (also
 in the manifest's name, so attempts never overwrite each other) and a digest of its own contents.
 
-Layout of `FileCheckpointStore(root)`, a directory every region reaches:
+Layout of `FileCheckpointStore(root, area=tenant_area(tenant))`, a directory every region
+reaches, one area per tenant:
 
-    root/chunks/<sha256>                                      array bytes, shared by all jobs
-    root/<job_id>/<task_index>/step-<step:012d>-token-<token>.json   one manifest per checkpoint
+    root/tenants/<tenant>/chunks/<sha256>           array bytes, shared by the tenant's jobs
+    root/tenants/<tenant>/<job_id>/<task_index>/step-<step:012d>-token-<token>.json
+                                                    one manifest per checkpoint
 
-A checkpoint's URI is its manifest's path relative to `root`, so regions that mount the shared
-directory at different paths agree on it. Its checksum (`sha256:<hex>` of the manifest bytes) is
-what the log records when the checkpoint is committed; `load` verifies it and every chunk's hash.
+An area is its tenant's alone: chunks are shared between a tenant's jobs, never across tenants,
+so a tenant's area can be given to an OS user of its own (`executor.tenant_users`, mode 0700)
+and no other tenant's job reads or overwrites anything in it. Versions before areas wrote
+`root/chunks/` and `root/<job_id>/...` (the area ""): a store still loads such a checkpoint (a
+task resumed after an upgrade) but writes, lists and collects only in its own area.
+
+A checkpoint's URI is its manifest's path relative to `root` (`tenants/<tenant>/<job_id>/...`),
+so regions that mount the shared directory at different paths agree on it. Its checksum
+(`sha256:<hex>` of the manifest bytes) is what the log records when the checkpoint is
+committed; `load` verifies it and every chunk's hash.
 
 Rules:
 - Every file is written atomically: a temporary file in the same directory, written, fsynced,
@@ -71,6 +80,7 @@ __all__ = [
     "GarbageCollected",
     "SavedCheckpoint",
     "checksum_of",
+    "tenant_area",
 ]
 
 # Named arrays in one checkpoint.
@@ -90,6 +100,7 @@ CHUNK_GRACE_S = 3_600.0
 
 _FORMAT = 1
 _CHUNKS = "chunks"
+_TENANTS = "tenants"
 _MANIFEST_NAME = re.compile(r"step-(\d{12,19})-token-(\d{1,19})\.json")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _TEMPORARY_SUFFIX = ".tmp"
@@ -199,6 +210,12 @@ def checksum_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def tenant_area(tenant: str) -> str:
+    """The tenant's area of the store, relative to its root: one directory level per part, the
+    tenant's name quoted (names may hold "/")."""
+    return f"{_TENANTS}/{quote(tenant, safe='')}"
+
+
 def _digest(manifest: _Manifest) -> str:
     canonical = msgspec.json.encode(msgspec.structs.replace(manifest, digest=""), order="sorted")
     return checksum_of(canonical)
@@ -211,10 +228,17 @@ class FileCheckpointStore:
         self,
         root: Path,
         *,
+        area: str = "",
         chunk_grace_s: float = CHUNK_GRACE_S,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        # URIs are relative to `root`; this store writes, lists and collects in `home` only.
         self.root = root
+        self.area = area
+        self.home = root / area if area else root
+        self._area_parts = area.split("/") if area else []
+        if any(part in ("", ".", "..") for part in self._area_parts) or area.startswith("/"):
+            raise ValueError(f"not an area of a checkpoint store: {area!r}")
         self.chunk_grace_s = chunk_grace_s
         # File modification times are wall-clock times, so the grace period is measured on it.
         self.wall_clock = wall_clock
@@ -223,21 +247,33 @@ class FileCheckpointStore:
 
     def _task_directory(self, job_id: str, task_index: int) -> Path:
         # Job ids may contain "/", which must not become a directory level.
-        return self.root / quote(job_id, safe="") / str(task_index)
+        return self.home / quote(job_id, safe="") / str(task_index)
 
     def _uri(self, job_id: str, task_index: int, step: int, token: int) -> str:
-        return f"{quote(job_id, safe='')}/{task_index}/step-{step:012d}-token-{token}.json"
+        area = f"{self.area}/" if self.area else ""
+        return f"{area}{quote(job_id, safe='')}/{task_index}/step-{step:012d}-token-{token}.json"
 
-    def _parse_uri(self, uri: str) -> tuple[str, int, int, int]:
-        """(job_id, task_index, step, token) from a URI this store made; ValueError otherwise."""
+    def _parse_uri(self, uri: str) -> tuple[Path, str, int, int, int]:
+        """(the directory of its area, job_id, task_index, step, token) from a URI of this
+        store's area or of the store before areas (see the module's text); ValueError
+        otherwise, another tenant's URI among them."""
         parts = uri.split("/")
-        name = _MANIFEST_NAME.fullmatch(parts[-1]) if len(parts) == 3 else None
-        if name is None or not parts[1].isdigit() or not parts[0] or parts[0].startswith("."):
+        home, tail = self.root, parts
+        if self._area_parts and parts[: len(self._area_parts)] == self._area_parts:
+            home, tail = self.home, parts[len(self._area_parts) :]
+        name = _MANIFEST_NAME.fullmatch(tail[-1]) if len(tail) == 3 else None
+        if (
+            name is None
+            or not tail[1].isdigit()
+            or not tail[0]
+            or tail[0].startswith(".")
+            or (home is self.root and tail[0] == _TENANTS)
+        ):
             raise ValueError(f"not a checkpoint URI of this store: {uri!r}")
-        return unquote(parts[0]), int(parts[1]), int(name.group(1)), int(name.group(2))
+        return home, unquote(tail[0]), int(tail[1]), int(name.group(1)), int(name.group(2))
 
-    def _chunk_path(self, digest: str) -> Path:
-        return self.root / _CHUNKS / digest
+    def _chunk_path(self, digest: str, home: Path | None = None) -> Path:
+        return (self.home if home is None else home) / _CHUNKS / digest
 
     # Saving.
 
@@ -308,17 +344,19 @@ class FileCheckpointStore:
     # Loading.
 
     def load(self, uri: str, checksum: str | None) -> Checkpoint:
-        manifest = self._read_manifest(uri, checksum)
+        home, manifest = self._read_manifest(uri, checksum)
         arrays = {
-            name: self._read_array(uri, name, entry) for name, entry in manifest.arrays.items()
+            name: self._read_array(home, uri, name, entry)
+            for name, entry in manifest.arrays.items()
         }
         return Checkpoint(
             uri=uri, step=manifest.step, token=manifest.token, arrays=arrays, meta=manifest.meta
         )
 
-    def _read_manifest(self, uri: str, checksum: str | None) -> _Manifest:
+    def _read_manifest(self, uri: str, checksum: str | None) -> tuple[Path, _Manifest]:
+        """The directory of the URI's area (where its chunks are) and its manifest."""
         try:
-            job_id, task_index, step, token = self._parse_uri(uri)
+            home, job_id, task_index, step, token = self._parse_uri(uri)
         except ValueError as error:
             raise CorruptCheckpoint(str(error)) from None
         path = self.root / uri
@@ -330,6 +368,11 @@ class FileCheckpointStore:
             data = path.read_bytes()
         except FileNotFoundError:
             raise CorruptCheckpoint(f"checkpoint {uri}: manifest is missing") from None
+        except OSError as error:
+            # Another tenant's files among them (docs/security.md).
+            raise CorruptCheckpoint(
+                f"checkpoint {uri}: manifest cannot be read: {error.strerror}"
+            ) from None
         if checksum is not None and checksum_of(data) != checksum:
             raise CorruptCheckpoint(
                 f"checkpoint {uri}: manifest checksum is {checksum_of(data)}, expected {checksum}"
@@ -347,9 +390,11 @@ class FileCheckpointStore:
             token,
         ):
             raise CorruptCheckpoint(f"checkpoint {uri}: manifest is for another checkpoint")
-        return manifest
+        return home, manifest
 
-    def _read_array(self, uri: str, name: str, entry: _ArrayEntry) -> np.ndarray[Any, Any]:
+    def _read_array(
+        self, home: Path, uri: str, name: str, entry: _ArrayEntry
+    ) -> np.ndarray[Any, Any]:
         try:
             dtype = np.dtype(entry.dtype)
         except TypeError:
@@ -359,7 +404,7 @@ class FileCheckpointStore:
             raise CorruptCheckpoint(f"checkpoint {uri}: array {name!r} has a bad dtype or shape")
         buffer = bytearray()
         for digest in entry.chunks:
-            buffer += self._read_chunk(uri, name, digest)
+            buffer += self._read_chunk(home, uri, name, digest)
         if len(buffer) != entry.size_bytes:
             raise CorruptCheckpoint(
                 f"checkpoint {uri}: array {name!r} has {len(buffer)} bytes, "
@@ -368,14 +413,19 @@ class FileCheckpointStore:
         # A bytearray gives a writable array, which restored state must be.
         return np.frombuffer(buffer, dtype=dtype).reshape(entry.shape)
 
-    def _read_chunk(self, uri: str, name: str, digest: str) -> bytes:
+    def _read_chunk(self, home: Path, uri: str, name: str, digest: str) -> bytes:
         if _SHA256_HEX.fullmatch(digest) is None:
             raise CorruptCheckpoint(f"checkpoint {uri}: array {name!r} names a bad chunk")
         try:
-            data = self._chunk_path(digest).read_bytes()
+            data = self._chunk_path(digest, home).read_bytes()
         except FileNotFoundError:
             raise CorruptCheckpoint(
                 f"checkpoint {uri}: chunk {digest} of array {name!r} is missing"
+            ) from None
+        except OSError as error:
+            raise CorruptCheckpoint(
+                f"checkpoint {uri}: chunk {digest} of array {name!r} cannot be read: "
+                f"{error.strerror}"
             ) from None
         if hashlib.sha256(data).hexdigest() != digest:
             raise CorruptCheckpoint(
@@ -397,7 +447,10 @@ class FileCheckpointStore:
         return sorted(found, key=lambda info: (info.step, info.token))
 
     def delete(self, uri: str) -> None:
-        self._parse_uri(uri)
+        """Deletes a checkpoint of this store's own area (ValueError for any other)."""
+        home = self._parse_uri(uri)[0]
+        if home is not self.home:
+            raise ValueError(f"not a checkpoint of this store's area: {uri!r}")
         path = self.root / uri
         with suppress(FileNotFoundError):
             path.unlink()
@@ -436,8 +489,8 @@ class FileCheckpointStore:
         return referenced
 
     def _all_manifests(self) -> Iterator[Path]:
-        for job_directory in _listing(self.root):
-            if job_directory.name == _CHUNKS or not job_directory.is_dir():
+        for job_directory in _listing(self.home):
+            if job_directory.name in (_CHUNKS, _TENANTS) or not job_directory.is_dir():
                 continue
             for task_directory in _listing(job_directory):
                 for path in _listing(task_directory):
@@ -445,7 +498,7 @@ class FileCheckpointStore:
                         yield path
 
     def _sweep_chunks(self, cutoff_s: float) -> tuple[int, int]:
-        directory = self.root / _CHUNKS
+        directory = self.home / _CHUNKS
         # Listed before the manifests are read: a chunk written after this listing is not seen,
         # and one listed here but referenced by a manifest written meanwhile is younger than the
         # grace period.

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.config import ENV_PREFIX, NodeConfig
+from node.config import ENV_PREFIX, ConfigError, NodeConfig
 from node.executor import protocol
-from node.executor.job_user import JobUser, check, lookup
+from node.executor.checkpoints import tenant_area
+from node.executor.job_user import JobUser, check, lookup, prepare_area, require_root
 from raftstore.store import RaftStore
 from xrcore.commands import (
     Command,
@@ -149,6 +150,11 @@ class Executor:
         self.job_user = (
             None if config.executor.job_user is None else lookup(config.executor.job_user)
         )
+        # Tenants whose jobs run as a user of their own (`executor.tenant_users`).
+        self.tenant_users = {
+            tenant: lookup(name, setting="executor.tenant_users")
+            for tenant, name in config.executor.tenant_users.items()
+        }
         # The region's devices, whole or shared, counted as the placement policy counts them.
         self.ledger = DeviceLedger(
             memory_mb=list(gpu_memory_mb or []), models=list(gpu_models or [])
@@ -166,18 +172,44 @@ class Executor:
     async def prepare(self) -> None:
         """Makes the checkpoint directory; with `executor.job_user`, ConfigError when jobs could
         not run as that user (`node.executor.job_user`). The node calls it before it starts
-        anything else, so such a node does not join the cluster."""
+        anything else, so such a node does not join the cluster. With
+        `executor.tenant_users`, the same for each tenant's user, over its area of the
+        checkpoint store, which it makes that user's alone."""
+        if self.tenant_users:
+            require_root("executor.tenant_users")
         if self.job_user is None:
+            made = not self.config.checkpoint_dir.is_dir()
             self.config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            return
-        await asyncio.to_thread(
-            check,
-            self.job_user,
-            python=self.python,
-            environment=worker_environment(self.job_user),
-            checkpoint_dir=self.config.checkpoint_dir,
-            make_directory=True,
-        )
+            if made and self.tenant_users:
+                # Tenants' users pass through it to their areas, whatever the node's umask.
+                self.config.checkpoint_dir.chmod(0o711)
+        else:
+            await asyncio.to_thread(
+                check,
+                self.job_user,
+                python=self.python,
+                environment=worker_environment(self.job_user),
+                checkpoint_dir=self.config.checkpoint_dir,
+                make_directory=True,
+            )
+        for tenant, user in self.tenant_users.items():
+            area = self.config.checkpoint_dir / tenant_area(tenant)
+            await asyncio.to_thread(prepare_area, area, user, own=True)
+            await asyncio.to_thread(
+                check,
+                user,
+                python=self.python,
+                environment=worker_environment(user),
+                checkpoint_dir=area,
+                make_directory=False,
+                setting="executor.tenant_users",
+            )
+
+    def _user_of(self, tenant: str) -> tuple[JobUser | None, bool]:
+        """The OS user a tenant's jobs run as (None: the node's), and whether it is the
+        tenant's own."""
+        own = self.tenant_users.get(tenant)
+        return (self.job_user, False) if own is None else (own, True)
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._claim_loop())
@@ -311,9 +343,13 @@ class Executor:
     # One attempt.
 
     def _environment(
-        self, attempt: _Attempt, checkpoint: dict[str, Any] | None, child_fd: int
+        self,
+        attempt: _Attempt,
+        spec: JobSpec,
+        user: JobUser | None,
+        checkpoint: dict[str, Any] | None,
+        child_fd: int,
     ) -> dict[str, str]:
-        spec = self.store.replica.read(lambda machine: machine.jobs[attempt.job_id].spec)
         description = protocol.TaskDescription(
             job_id=attempt.job_id,
             task_index=attempt.task_index,
@@ -329,11 +365,12 @@ class Executor:
                 uri=checkpoint["uri"], checksum=checkpoint["checksum"], step=checkpoint["step"]
             ),
             checkpoint_dir=str(self.config.checkpoint_dir),
+            checkpoint_area=tenant_area(spec.tenant),
             device="cpu" if not attempt.grant.devices else "cuda:0",
             # A shared device caps the worker's memory pool at its share.
             gpu_memory_mb=attempt.grant.shared_memory_mb or spec.gpu_memory_mb,
         )
-        environment = worker_environment(self.job_user)
+        environment = worker_environment(user)
         environment.update(
             {
                 protocol.TASK_ENV: protocol.encode_task(description),
@@ -350,21 +387,25 @@ class Executor:
             self.config.data_dir, attempt.job_id, attempt.task_index, attempt.attempt
         )
         log_file.parent.mkdir(parents=True, exist_ok=True)
+        spec = self.store.replica.read(lambda machine: machine.jobs[attempt.job_id].spec)
+        user, own = self._user_of(spec.tenant)
         try:
+            prepare_area(self.config.checkpoint_dir / tenant_area(spec.tenant), user, own=own)
             attempt.process = await asyncio.create_subprocess_exec(
                 *protocol.worker_command(self.python),
-                env=self._environment(attempt, checkpoint, child.fileno()),
+                env=self._environment(attempt, spec, user, checkpoint, child.fileno()),
                 pass_fds=(child.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                **({} if self.job_user is None else self.job_user.spawn_options()),
+                **({} if user is None else user.spawn_options()),
             )
-        except (OSError, protocol.ProtocolError) as error:
+        except (OSError, ConfigError, protocol.ProtocolError) as error:
             # A description the worker would refuse (bad arguments) fails for good; an
-            # operating-system error (no processes, no memory) may pass.
-            retryable = isinstance(error, OSError)
+            # operating-system error (no processes, no memory) or a checkpoint area this
+            # region's settings cannot use may pass (elsewhere, or after a repair).
+            retryable = not isinstance(error, protocol.ProtocolError)
             child.close()
             parent.close()
             await self._end(

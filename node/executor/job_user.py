@@ -19,6 +19,13 @@ CAP_SETUID and could make themselves root. From root, the switch drops every cap
 
 At start the node makes the checkpoint directory, and gives it to the user, when it does not
 exist.
+
+A user per tenant (`executor.tenant_users`): every job of such a tenant runs as its user, and its
+area of the checkpoint store (`checkpoints.tenant_area`) is that user's alone, mode 0700, made
+for it by the node (`prepare_area`). Another tenant's job, as another user, can neither read
+nor overwrite the area, nor signal, trace or read the memory of the tenant's workers (the kernel
+allows those only between processes of one uid). Tenants without a user of their own share
+`executor.job_user` (or the node's user) as before.
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from node.config import ConfigError
+from raftstore.files import fsync_directory
 
-__all__ = ["JobUser", "check", "lookup"]
+__all__ = ["JobUser", "check", "lookup", "prepare_area", "require_root"]
 
 # How long the check's process may take (it imports the worker, NumPy among its dependencies).
 CHECK_TIMEOUT_S = 60.0
@@ -68,13 +76,11 @@ class JobUser:
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
 
-def lookup(name: str) -> JobUser:
+def lookup(name: str, *, setting: str = "executor.job_user") -> JobUser:
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        raise ConfigError(
-            f"setting executor.job_user: there is no user {name!r} on this machine"
-        ) from None
+        raise ConfigError(f"setting {setting}: there is no user {name!r} on this machine") from None
     groups = tuple(sorted(set(os.getgrouplist(name, entry.pw_gid))))
     return JobUser(name=name, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups, home=entry.pw_dir)
 
@@ -86,16 +92,13 @@ def check(
     environment: Mapping[str, str],
     checkpoint_dir: Path,
     make_directory: bool,
+    setting: str = "executor.job_user",
 ) -> None:
     """ConfigError naming what stops jobs from running as `user`; see the module's text. With
     `make_directory`, a checkpoint directory that does not exist is made and given to the user;
     without, it is left out of the check."""
-    prefix = f"setting executor.job_user: {user.name!r}"
-    if os.geteuid() != 0:
-        raise ConfigError(
-            f"{prefix}: the node must run as root to start its workers as another user "
-            '(docs/security.md, "What a job can reach")'
-        )
+    prefix = f"setting {setting}: {user.name!r}"
+    require_root(setting)
     where = "-"
     if checkpoint_dir.exists():
         if not checkpoint_dir.is_dir():
@@ -150,3 +153,43 @@ def check(
             f"{prefix} cannot start a worker with executor.python {python!r}: "
             + (said[-1] if said else f"exit status {done.returncode}")
         )
+
+
+def require_root(setting: str) -> None:
+    """ConfigError unless the node runs as root (see the module's text for why)."""
+    if os.geteuid() != 0:
+        raise ConfigError(
+            f"setting {setting}: the node must run as root to start its workers as another user "
+            '(docs/security.md, "What a job can reach")'
+        )
+
+
+def prepare_area(area: Path, user: JobUser | None, *, own: bool) -> None:
+    """Makes a tenant's area of the checkpoint store if it is missing (and the directory of
+    areas, mode 0711 whatever the umask: passable, not listable). With `own` (the tenant's
+    own user) the area is the user's alone: given to it when made, mode 0700 always, and
+    ConfigError when it belongs to another uid (a tenant whose user changed, or another
+    tenant's). Without `own`, a new area is given to `user` (the shared job user), if any, and
+    one of another uid is refused the same way."""
+    made = not area.is_dir()
+    if made:
+        if not area.parent.is_dir():
+            # Every tenant's user must pass through it; none may list the others' areas.
+            area.parent.mkdir(parents=True, exist_ok=True)
+            area.parent.chmod(0o711)
+        area.mkdir(exist_ok=True)
+        for level in (area.parent, area.parent.parent):
+            fsync_directory(level)
+    if user is None:
+        return
+    if made:
+        os.chown(area, user.uid, user.gid)
+    owner = area.stat().st_uid
+    if owner != user.uid:
+        setting = "executor.tenant_users" if own else "executor.job_user"
+        raise ConfigError(
+            f"setting {setting}: the checkpoint area {area} belongs to uid {owner}, not to "
+            f"{user.name!r} (uid {user.uid}); give it to that user (chown -R) or remove it"
+        )
+    if own:
+        area.chmod(0o700)

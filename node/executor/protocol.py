@@ -235,6 +235,9 @@ class TaskDescription(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     checkpoint: CheckpointRef | None = None
     # The checkpoint store's root directory, shared by all regions.
     checkpoint_dir: str
+    # The part of it this task's checkpoints go in (`checkpoints.tenant_area`, its tenant's);
+    # "" for the store's root, as before areas.
+    checkpoint_area: str = ""
     # "cpu" or "cuda:N", N as the worker sees devices (after CUDA_VISIBLE_DEVICES).
     device: str = "cpu"
     # A share of the device: CuPy's memory pool is capped at this (0: the whole device).
@@ -251,6 +254,9 @@ class TaskDescription(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ValueError("token must be positive; attempt and gpu_memory_mb not negative")
         if not self.checkpoint_dir:
             raise ValueError("checkpoint_dir must be set")
+        area = self.checkpoint_area
+        if area and (area.startswith("/") or {"", ".", ".."} & set(area.split("/"))):
+            raise ValueError(f"checkpoint_area must be a relative path down, got {area!r}")
         device_index(self.device)
 
 

@@ -188,7 +188,7 @@ def run(task: TaskDescription, channel: Channel) -> int:
         return EXIT_FAILED
     if task.gpu_memory_mb and not set_pool_limit(xp, task.gpu_memory_mb << 20):
         log.info("gpu_memory_mb=%d does not apply on NumPy (CPU mode)", task.gpu_memory_mb)
-    store = FileCheckpointStore(Path(task.checkpoint_dir))
+    store = FileCheckpointStore(Path(task.checkpoint_dir), area=task.checkpoint_area)
     context = JobContext(task, sender=channel, store=store, xp=xp, logger=logging.getLogger("job"))
     _listen(channel, context)
     try:

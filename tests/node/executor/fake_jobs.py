@@ -109,3 +109,46 @@ def who_am_i(ctx: JobContext) -> dict[str, Any]:
         "secret": read,
         "checkpointed": committed,
     }
+
+
+def hold_checkpoint(ctx: JobContext) -> dict[str, Any]:
+    """Commits a checkpoint, then runs until stopped."""
+    committed = ctx.checkpoint(1, {"weights": ctx.xp.arange(4)})
+    while not ctx.should_stop():
+        ctx.progress(1, 0, committed=float(committed))
+        time.sleep(0.05)
+    return {"committed": committed}
+
+
+def probe_other_tenant(ctx: JobContext) -> dict[str, Any]:
+    """What this job can do to another tenant's: list its checkpoint area `ctx.args["area"]`,
+    write a file there, and signal the other workers running on the node (signal 0, which only
+    asks whether it may)."""
+    area = ctx.args["area"]
+    seen: dict[str, Any] = {}
+    try:
+        seen["listed"] = sorted(os.listdir(area))
+    except PermissionError:
+        seen["listed"] = "refused"
+    try:
+        with open(os.path.join(area, "planted"), "w") as planted:
+            planted.write("not yours")
+        seen["wrote"] = "wrote"
+    except PermissionError:
+        seen["wrote"] = "refused"
+    signalled = refused = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if b"node.executor.worker" not in cmdline.read():
+                    continue
+            os.kill(int(entry), 0)
+            signalled += 1
+        except PermissionError:
+            refused += 1
+        except OSError:
+            continue
+    seen.update(signalled=signalled, refused=refused, uid=os.getuid())
+    return seen

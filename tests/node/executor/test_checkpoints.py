@@ -353,3 +353,79 @@ def test_reusing_a_chunk_refreshes_it_so_gc_spares_it(tmp_path: Path) -> None:
     os.utime(chunk, (1.0, 1.0))
     save(store, 2, {"w": np.ones(4)})
     assert chunk.stat().st_mtime > 1.0
+
+
+# Tenants' areas.
+
+
+def test_areas__a_tenants_checkpoints_and_chunks_live_in_its_area_alone(tmp_path: Path) -> None:
+    assert checkpoints.tenant_area("team/a") == "tenants/team%2Fa"
+    alpha = FileCheckpointStore(tmp_path, area=checkpoints.tenant_area("team/a"), chunk_grace_s=0)
+    beta = FileCheckpointStore(tmp_path, area=checkpoints.tenant_area("beta"), chunk_grace_s=0)
+    value = {"w": np.full(100, 2.0)}
+    mine, theirs = save(alpha, 1, value), save(beta, 1, value)
+    assert mine.uri == "tenants/team%2Fa/job-1/0/step-000000000001-token-1.json"
+    # The same bytes are stored once per tenant: no chunk is shared across tenants.
+    assert chunk_files(tmp_path / "tenants" / "team%2Fa") == chunk_files(tmp_path / "tenants/beta")
+    assert not (tmp_path / "chunks").exists()
+    assert all("tenants" in path.parts for path in all_files(tmp_path))
+    # Each lists and collects its own: alpha's collection leaves beta's checkpoint whole.
+    assert [info.uri for info in alpha.list_checkpoints(JOB, 0)] == [mine.uri]
+    collected = alpha.garbage_collect(JOB, 0, [], token=1)
+    assert (collected.manifests_deleted, collected.chunks_deleted) == ([mine.uri], 1)
+    assert np.array_equal(beta.load(theirs.uri, theirs.checksum).arrays["w"], value["w"])
+    # Another area's URI is not this store's, though its file is readable here.
+    with pytest.raises(CorruptCheckpoint, match="not a checkpoint URI of this store"):
+        alpha.load(theirs.uri, theirs.checksum)
+    with pytest.raises(ValueError, match="not a checkpoint URI of this store"):
+        alpha.delete(theirs.uri)
+    beta.load(theirs.uri, theirs.checksum)
+
+
+def test_areas__a_checkpoint_from_before_areas_still_loads_but_is_never_deleted(
+    tmp_path: Path,
+) -> None:
+    """A task resumed after an upgrade: its committed checkpoint was written at the store's
+    root, chunks and all."""
+    before = save(FileCheckpointStore(tmp_path), 3, arrays())
+    store = FileCheckpointStore(tmp_path, area=checkpoints.tenant_area("alpha"), chunk_grace_s=0)
+    loaded = store.load(before.uri, before.checksum)
+    assert loaded.step == 3 and np.array_equal(loaded.arrays["weights"], arrays()["weights"])
+    with pytest.raises(ValueError, match="not a checkpoint of this store's area"):
+        store.delete(before.uri)
+    after = save(store, 4, arrays())
+    store.garbage_collect(JOB, 0, [after.uri], token=1)
+    FileCheckpointStore(tmp_path).load(before.uri, before.checksum)
+    # A store at the root sees no tenant's area as a job, nor its URIs as its own.
+    with pytest.raises(CorruptCheckpoint, match="not a checkpoint URI"):
+        FileCheckpointStore(tmp_path).load(after.uri, after.checksum)
+    assert FileCheckpointStore(tmp_path).list_checkpoints("tenants", 0) == []
+
+
+@pytest.mark.parametrize("area", ["../up", "/absolute", "tenants//a", "tenants/.", "a/../b"])
+def test_areas__outside_the_store_are_refused(tmp_path: Path, area: str) -> None:
+    with pytest.raises(ValueError, match="not an area"):
+        FileCheckpointStore(tmp_path, area=area)
+    with pytest.raises(ValueError, match="checkpoint_area must be a relative path down"):
+        TaskDescription(
+            job_id=JOB,
+            task_index=0,
+            attempt=1,
+            token=1,
+            workload="mlp_train",
+            checkpoint_dir=str(tmp_path),
+            checkpoint_area=area,
+        )
+
+
+def test_areas__an_unreadable_checkpoint_is_corrupt_to_the_restore_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    """A manifest the worker may not read (another tenant's files, after a change of users)
+    is reported as unusable, so the restore falls back instead of failing the task."""
+    store = FileCheckpointStore(tmp_path, area=checkpoints.tenant_area("alpha"))
+    saved = save(store, 1, arrays())
+    (tmp_path / saved.uri).unlink()
+    (tmp_path / saved.uri).mkdir()  # reading it fails with an OSError other than "missing"
+    with pytest.raises(CorruptCheckpoint, match="manifest cannot be read"):
+        store.load(saved.uri, saved.checksum)

@@ -9,6 +9,7 @@ python3.11 with the venv's packages on its path, and say so when this machine ha
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
@@ -18,15 +19,19 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from node.cli import main
-from node.config import ConfigError
-from node.executor.executor import worker_environment
-from node.executor.job_user import JobUser, check, lookup
+from node.config import ConfigError, hash_token
+from node.daemon import Node
+from node.executor.checkpoints import tenant_area
+from node.executor.executor import Executor, worker_environment
+from node.executor.job_user import JobUser, check, lookup, prepare_area
 from tests.node.executor.test_executor import _Api, _config, _run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -233,3 +238,162 @@ def test_a_node_whose_jobs_cannot_run_as_the_job_user__does_not_start(tmp_path: 
     assert "ready at" not in done.stdout
     # Nothing started: no Raft election, no API.
     assert "region r0 serving" not in done.stderr and "leader is now" not in done.stderr
+
+
+# A user per tenant (`executor.tenant_users`): alpha's jobs run as nobody, beta's as daemon.
+TENANT_TOKENS = {"alpha": "alpha-token-for-the-tests", "beta": "beta-token-for-the-tests"}
+TENANT_USERS = {"alpha": "nobody", "beta": "daemon"}
+
+
+def _run_as_tenants(
+    tmp_path: Path, body: Callable[[dict[str, _Api]], Awaitable[None]], **settings: str
+) -> None:
+    """`test_executor._run` with authentication on: one API client per tenant of
+    TENANT_TOKENS, each with its tenant's token."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        "".join(
+            f'[[tokens]]\nname = "{tenant}"\nsha256 = "{hash_token(secret)}"\n'
+            f'role = "tenant"\ntenant = "{tenant}"\n'
+            for tenant, secret in TENANT_TOKENS.items()
+        )
+    )
+    config = _config(tmp_path, **{"auth.tokens_file": str(tokens)}, **settings)
+
+    async def main() -> None:
+        node = Node(config)
+        await node.start()
+        sessions = [
+            aiohttp.ClientSession(
+                f"http://{config.http.address}", headers={"Authorization": f"Bearer {secret}"}
+            )
+            for secret in TENANT_TOKENS.values()
+        ]
+        try:
+            apis = {
+                tenant: _Api(session)
+                for tenant, session in zip(TENANT_TOKENS, sessions, strict=True)
+            }
+            for api in apis.values():
+                await api.until(partial(api.get, "/v1/jobs"), lambda r: "items" in r)
+            await body(apis)
+        finally:
+            for session in sessions:
+                await session.close()
+            await node.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("users", ["one job user", "a user per tenant"])
+def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_or_workers__with_a_user_each(
+    tmp_path: Path, open_dir: Path, nobodys_python: str, users: str
+) -> None:
+    """Alpha's job commits a checkpoint and keeps running; beta's job then tries to list and
+    write in alpha's checkpoint area and to signal the node's other workers. With one job user
+    for every tenant it can do all three (the control); with a user per tenant, none."""
+    checkpoints = open_dir / "checkpoints"
+    area = checkpoints / tenant_area("alpha")
+
+    async def body(apis: dict[str, _Api]) -> None:
+        holder = await apis["alpha"].submit("hold_checkpoint")
+        await apis["alpha"].running(holder)
+        prober = await apis["beta"].submit("probe_other_tenant", args={"area": str(area)})
+        job = await apis["beta"].finished(prober)
+        assert job["state"] == "succeeded", job
+        seen = json.loads(job["tasks"][0]["result"])
+        held = await apis["alpha"].get(f"/v1/jobs/{holder}")
+        assert held["tasks"][0]["state"] == "running"
+        if users == "one job user":
+            assert seen["uid"] == _nobody().uid
+            assert holder in seen["listed"] and seen["wrote"] == "wrote", seen
+            assert seen["signalled"] >= 1, seen
+            return
+        assert seen["uid"] == pwd.getpwnam("daemon").pw_uid
+        assert (seen["listed"], seen["wrote"], seen["signalled"]) == ("refused", "refused", 0)
+        assert seen["refused"] >= 1, seen
+        info = area.stat()
+        assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (_nobody().uid, 0o700)
+        assert not (area / "planted").exists()
+        # Beta's own area is beta's user's alone too.
+        beta = (checkpoints / tenant_area("beta")).stat()
+        assert (beta.st_uid, stat.S_IMODE(beta.st_mode)) == (seen["uid"], 0o700)
+
+    settings = {"executor.python": nobodys_python, "executor.checkpoint_dir": str(checkpoints)}
+    if users == "one job user":
+        settings["executor.job_user"] = "nobody"
+    else:
+        settings["executor.tenant_users"] = ",".join(f"{t}={u}" for t, u in TENANT_USERS.items())
+    _run_as_tenants(tmp_path, body, **settings)
+
+
+def test_a_tenants_area_is_made_its_users_alone_and_one_of_another_user_refused(
+    open_dir: Path,
+) -> None:
+    nobody = _nobody()
+    own = open_dir / "tenants" / "alpha"
+    previous = os.umask(0o027)  # as deploy/systemd/xr-node.service sets it
+    try:
+        prepare_area(own, nobody, own=True)
+    finally:
+        os.umask(previous)
+    info = own.stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (nobody.uid, nobody.gid, 0o700)
+    # Passable by every tenant's user, listable by none but root.
+    assert stat.S_IMODE(own.parent.stat().st_mode) == 0o711
+    # Opened up by hand: closed again.
+    own.chmod(0o755)
+    prepare_area(own, nobody, own=True)
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700
+    # Another uid's (root's here): refused, whether the tenant's own user or the shared one.
+    taken = open_dir / "tenants" / "beta"
+    taken.mkdir(mode=0o755)
+    for is_own, setting in [(True, "executor.tenant_users"), (False, "executor.job_user")]:
+        with pytest.raises(ConfigError, match=rf"{setting}: the checkpoint area .* uid 0"):
+            prepare_area(taken, nobody, own=is_own)
+    # The shared job user's: given to it, its mode left alone; no user: only made.
+    shared = open_dir / "tenants" / "gamma"
+    prepare_area(shared, nobody, own=False)
+    assert (shared.stat().st_uid, stat.S_IMODE(shared.stat().st_mode)) == (nobody.uid, 0o755)
+    plain = open_dir / "tenants" / "delta"
+    prepare_area(plain, None, own=False)
+    assert plain.stat().st_uid == os.geteuid()
+
+
+def test_tenant_users_are_checked_when_the_configuration_loads_and_at_node_run_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for value, reason in [
+        ("alpha=no-such-xr-user", "there is no user 'no-such-xr-user' \\(tenant 'alpha'\\)"),
+        ("-alpha=nobody", "tenant '-alpha' must start with a letter or digit"),
+        ("alpha", "'alpha' must be key=value"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"executor\.tenant_users: {reason}"):
+            _config(tmp_path, **{"executor.tenant_users": value})
+    config = _config(tmp_path, **{"executor.tenant_users": "alpha=nobody, team/b=daemon"})
+    assert config.executor.tenant_users == {"alpha": "nobody", "team/b": "daemon"}
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    (locked / "python").symlink_to(sys.executable)
+    arguments = ["node", "run", "--check", "--region", "r0", "--data-dir", str(tmp_path)]
+    arguments += ["--raft-address", "127.0.0.1:7001"]
+    arguments += ["--set", "executor.tenant_users=alpha=nobody"]
+    assert main([*arguments, "--set", f"executor.python={locked / 'python'}"]) == 2
+    said = capsys.readouterr().err
+    assert "setting executor.tenant_users: 'nobody' cannot run executor.python" in said
+
+
+def test_a_node_with_tenant_users_that_is_not_root__is_refused_before_anything_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    config = _config(
+        tmp_path,
+        **{
+            "executor.tenant_users": "alpha=nobody",
+            "executor.checkpoint_dir": str(tmp_path / "checkpoints"),
+        },
+    )
+    with pytest.raises(ConfigError, match=r"executor\.tenant_users: the node must run as root"):
+        asyncio.run(Executor(config, store=None).prepare())  # type: ignore[arg-type]
+    assert not (tmp_path / "checkpoints").exists()
