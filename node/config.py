@@ -118,6 +118,12 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     wait_max_s: float = 60.0
     # Requests waiting on a lock, a watch or a job at once; beyond it 429.
     waiting_requests_max: int = 1_000
+    # A lock wait that ends without a grant, or whose client went away, takes its session out
+    # of the queue with `lock.leave`, which never releases a grant the session got meanwhile
+    # (through another node its client retried on). False: the earlier `lock.release`, which
+    # can; set false on every node while any runs a version without `lock.leave`
+    # (docs/operations.md, "Upgrades").
+    lock_leave_command: bool = True
     # Requests being handled at once (besides health checks and waiting requests, which have
     # their own bound); beyond it 429 with Retry-After, so admitted requests keep a bounded
     # latency under overload.

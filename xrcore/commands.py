@@ -26,6 +26,7 @@ __all__ = [
     "KvDelete",
     "KvPut",
     "LockAcquire",
+    "LockLeave",
     "LockRelease",
     "LockValidate",
     "Placement",
@@ -184,6 +185,19 @@ class LockAcquire(Command, frozen=True, tag="lock.acquire"):
 
 class LockRelease(Command, frozen=True, tag="lock.release"):
     """Releases a held lock (handing it to the next waiter) or leaves its wait queue."""
+
+    name: str
+    session_id: str
+
+    def validate(self) -> None:
+        _check_key("name", self.name)
+        check_name("session_id", self.session_id)
+
+
+class LockLeave(Command, frozen=True, tag="lock.leave"):
+    """Leaves a lock's wait queue; a session that holds the lock keeps it. What a node proposes
+    when a waiting acquire ends without an answer to its client: the client may be waiting for
+    the same session on another node, which may already have told it the lock is granted."""
 
     name: str
     session_id: str
@@ -562,6 +576,7 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     SessionRevoke,
     LockAcquire,
     LockRelease,
+    LockLeave,
     LockValidate,
     RegionRegister,
     RegionHeartbeat,

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from xrcore.commands import LockAcquire, LockRelease, LockValidate
+from xrcore.commands import LockAcquire, LockLeave, LockRelease, LockValidate
 from xrcore.errors import CapacityExceeded, LockNotHeld, NotFound
 from xrcore.model import Effect, Lock, Session
 
 if TYPE_CHECKING:
     from xrcore.state import StateMachine
 
-__all__ = ["Lock", "acquire", "get", "hand_on", "release", "validate"]
+__all__ = ["Lock", "acquire", "get", "hand_on", "leave", "release", "validate"]
 
 
 def _live_session(machine: StateMachine, session_id: str) -> Session:
@@ -92,6 +92,21 @@ def release(machine: StateMachine, command: LockRelease, index: int) -> dict[str
     raise LockNotHeld(
         f"session {command.session_id!r} neither holds nor awaits lock {command.name!r}"
     )
+
+
+def leave(machine: StateMachine, command: LockLeave, index: int) -> dict[str, Any]:
+    """Takes a waiting session out of the lock's queue. Never releases: a session that holds
+    the lock (granted since its wait began) keeps it, and one that neither holds nor awaits it
+    is answered as such, not refused (the node proposing this cannot know which it is)."""
+    lock = machine.locks.get(command.name)
+    session = machine.sessions.get(command.session_id)
+    if lock is not None and session is not None and session.session_id in lock.waiters:
+        lock.waiters.remove(session.session_id)
+        session.locks.remove(lock.name)
+        return {"name": lock.name, "left_queue": True}
+    if lock is not None and lock.holder == command.session_id:
+        return {"name": lock.name, "left_queue": False, "granted": True, "token": lock.token}
+    return {"name": command.name, "left_queue": False, "granted": False}
 
 
 def hand_on(machine: StateMachine, lock: Lock, index: int) -> None:

@@ -51,6 +51,7 @@ HANDLERS: dict[type[commands.Command], Handler] = {
     commands.SessionRevoke: sessions.revoke,
     commands.LockAcquire: locks.acquire,
     commands.LockRelease: locks.release,
+    commands.LockLeave: locks.leave,
     commands.LockValidate: locks.validate,
     commands.RegionRegister: regions.register,
     commands.RegionHeartbeat: regions.heartbeat,

@@ -3,19 +3,25 @@
 A waiting acquire joins the lock's FIFO queue in the log and then waits on this node for the
 grant to be applied (the grant is made in the log when the holder releases or its session ends,
 so handoff costs one commit, not a poll interval). If the wait ends without the grant (timeout,
-the client went away, the node is stopping) the session leaves the queue; if the grant raced the
-timeout, the lock is released again, so a caller that was told "not granted" never holds it.
+the client went away, the node is stopping) the session leaves the queue with `lock.leave`,
+which never releases: the client may have retried the same session on another node (its
+connection here broke, a partition cut this node off) and been told there that the lock is its
+own, while this node's leave was still on its way to the log. If the grant raced the end of the
+wait, the answer is the grant; an answer "not granted" comes after the session left the queue,
+so its caller does not hold the lock (a leave the log does not answer, the session still
+queued, is answered with the log's error, not "not granted"). `http.lock_leave_command =
+false` proposes the earlier `lock.release` instead, which releases such a grant: for clusters
+with nodes of a version without `lock.leave`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from aiohttp import web
 
-from node.api.app import principal, read, services, wait_s, waiting_slot, write
+from node.api.app import Services, principal, read, services, wait_s, waiting_slot, write
 from node.api.auth import Principal
 from node.api.sessions import own_session
 from node.api.wire import field, read_body, reject_unknown, respond
@@ -23,7 +29,7 @@ from raftstore.faults import Fault
 from raftstore.store import RaftStore
 from xrcore import locks
 from xrcore._validate import NAME_BYTES_MAX
-from xrcore.commands import LockAcquire, LockRelease, LockValidate
+from xrcore.commands import LockAcquire, LockLeave, LockRelease, LockValidate
 from xrcore.errors import InvalidArgument, XrError
 
 __all__ = ["routes"]
@@ -71,9 +77,19 @@ def _state(store: RaftStore, name: str, session_id: str) -> tuple[str, int, int 
     return store.replica.read(query)
 
 
-async def _leave(store: RaftStore, name: str, session_id: str) -> None:
-    with contextlib.suppress(XrError):
-        await store.propose(LockRelease(name=name, session_id=session_id))
+async def _leave(node: Services, name: str, session_id: str) -> XrError | None:
+    """Takes the session out of the lock's queue (see the module's text); the error when the
+    log did not answer."""
+    command: LockLeave | LockRelease = (
+        LockLeave(name=name, session_id=session_id)
+        if node.config.http.lock_leave_command
+        else LockRelease(name=name, session_id=session_id)
+    )
+    try:
+        await node.store.propose(command)
+    except XrError as error:
+        return error
+    return None
 
 
 @routes.post("/v1/locks/{name}/acquire")
@@ -121,11 +137,18 @@ async def _wait_for_grant(
                 break
             await store.wait_applied(index, timeout_s=min(remaining_s, 1.0))
     except asyncio.CancelledError:
-        # The client went away while the session waited: leave the queue, or give back a lock
-        # granted at that moment, in the background (this task is being cancelled).
-        node.spawn(_leave(store, name, session_id))
+        # The client went away while the session waited: leave the queue in the background
+        # (this task is being cancelled).
+        node.spawn(_leave(node, name, session_id))
         raise
-    await _leave(store, name, session_id)
+    failed = await _leave(node, name, session_id)
+    # A grant that raced the end of the wait is the caller's.
+    where, _, token = _state(store, name, session_id)
+    if where == "granted":
+        return token
+    if where == "waiting" and failed is not None:
+        # Still queued, and whether it will be granted is not known here: not "not granted".
+        raise failed
     return None
 
 

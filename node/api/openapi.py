@@ -1074,7 +1074,9 @@ OPERATIONS: tuple[Operation, ...] = (
         description="Without wait_s a held lock answers `granted: false`. With wait_s the "
         "session joins the lock's queue and the answer comes when the lock is granted, or "
         "after wait_s with `granted: false, timed_out: true` and the session out of the queue "
-        "(also when the client goes away first).",
+        "(also when the client goes away first). Leaving the queue never gives back a grant "
+        "the session got meanwhile (through another node): a grant that races the end of the "
+        "wait is answered as a grant.",
     ),
     Operation(
         method="post",

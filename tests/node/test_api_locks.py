@@ -6,11 +6,16 @@ Waits are observed through the node's count of waiting requests, never through e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
+import msgspec
 import pytest
 
+from node.api.app import SERVICES, create_app
 from tests.node.conftest import Answer, ApiNode, eventually
+from xrcore.commands import Command, LockLeave, LockRelease
+from xrcore.errors import Timeout
 
 pytestmark = pytest.mark.integration
 
@@ -128,3 +133,112 @@ def test_waiting_acquire__whose_client_disconnects__leaves_the_queue(api: ApiNod
 def test_validate__with_a_token_that_is_not_positive__is_400(api: ApiNode) -> None:
     refused = api.request("POST", "/v1/locks/lock-any/validate", json={"token": 0})
     assert (refused.status, refused.error_code) == (400, "request.invalid")
+
+
+@pytest.mark.parametrize("leave_command", [True, False], ids=["lock.leave", "lock.release"])
+@pytest.mark.parametrize("ended", ["client gone", "timed out"])
+def test_a_wait_that_ends_unanswered__never_releases_the_grant_its_session_got_elsewhere(
+    api: ApiNode, monkeypatch: pytest.MonkeyPatch, leave_command: bool, ended: str
+) -> None:
+    """A client waits for a lock on node A; its connection to A breaks (or A's wait ends) and
+    it retries the same session on node B, where the holder's release grants it the lock. Only
+    then does A's leave reach the log (held back here, as a partition between A and the leader
+    would). With `lock.leave` the session keeps its lock, and a wait on A that timed out
+    answers the grant; with `lock.release` (the control, `http.lock_leave_command = false`)
+    A's leave releases the lock B just handed out, and a third session gets it while the
+    client believes it holds it. Node A is a second app on the same store."""
+    config = dataclasses.replace(
+        api.config,
+        http=msgspec.structs.replace(api.config.http, lock_leave_command=leave_command),
+    )
+    node_a = create_app(config, store=api.store)
+    holder, waiter, third = api.session(), api.session(), api.session()
+    name = f"lock-stale-leave-{leave_command}-{ended.replace(' ', '-')}"
+    api.ok("POST", f"/v1/locks/{name}/acquire", json={"session_id": holder})
+    propose = api.store.propose
+    held = {"arrived": asyncio.Event(), "go": asyncio.Event(), "applied": asyncio.Event()}
+
+    async def held_back(command: Command, **options: Any) -> Any:
+        leaving = isinstance(command, (LockLeave, LockRelease)) and command.session_id == waiter
+        if not leaving:
+            return await propose(command, **options)
+        held["arrived"].set()
+        await held["go"].wait()
+        try:
+            return await propose(command, **options)
+        finally:
+            held["applied"].set()
+
+    async def body() -> tuple[Answer | None, Answer]:
+        client_a = await api.serve(node_a)
+        wait_s = 5 if ended == "client gone" else 0.3
+        on_a = asyncio.ensure_future(
+            api.call(
+                "POST",
+                f"/v1/locks/{name}/acquire",
+                json={"session_id": waiter, "wait_s": wait_s},
+                client=client_a,
+            )
+        )
+        await eventually(lambda: node_a[SERVICES].waiting == 1)
+        if ended == "client gone":
+            on_a.cancel()
+            await asyncio.gather(on_a, return_exceptions=True)
+        await held["arrived"].wait()
+        # The client's retry through node B, then the holder lets go: B grants.
+        on_b = asyncio.ensure_future(
+            api.call("POST", f"/v1/locks/{name}/acquire", json={"session_id": waiter, "wait_s": 5})
+        )
+        await eventually(lambda: api.services.waiting == 1)
+        await api.call("POST", f"/v1/locks/{name}/release", json={"session_id": holder})
+        granted = await on_b
+        # Then A's leave reaches the log, and a third session asks for the lock.
+        held["go"].set()
+        await held["applied"].wait()
+        answer_a = None if ended == "client gone" else await on_a
+        await api.call("POST", f"/v1/locks/{name}/acquire", json={"session_id": third})
+        return answer_a, granted
+
+    monkeypatch.setattr(api.store, "propose", held_back)
+    answer_a, granted = api.run(body())
+    monkeypatch.undo()
+    token = granted.document["token"]
+    assert (granted.document["granted"], granted.document["holder"]) == (True, waiter)
+    shown = api.ok("GET", f"/v1/locks/{name}")
+    if leave_command:
+        assert (shown["holder"], shown["token"]) == (waiter, token)
+        if answer_a is not None:
+            assert (answer_a.document["granted"], answer_a.document["token"]) == (True, token)
+    else:
+        # The control: the lock the client was told it holds went to the third session.
+        assert shown["holder"] == third and shown["token"] > token
+        if answer_a is not None:
+            assert answer_a.document["granted"] is False
+    for session in (holder, waiter, third):
+        api.request("DELETE", f"/v1/sessions/{session}")
+
+
+def test_a_wait_whose_leave_the_log_does_not_answer__is_not_answered_not_granted(
+    api: ApiNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session is still queued and may yet be granted: the answer is the log's error, whose
+    outcome is unknown, and not "not granted", after which a caller would not release."""
+    holder, waiter = api.session(), api.session()
+    api.ok("POST", "/v1/locks/lock-leave-lost/acquire", json={"session_id": holder})
+    propose = api.store.propose
+
+    async def leave_times_out(command: Command, **options: Any) -> Any:
+        if isinstance(command, LockLeave):
+            raise Timeout("the log did not answer in time (test)")
+        return await propose(command, **options)
+
+    monkeypatch.setattr(api.store, "propose", leave_times_out)
+    answer = api.request(
+        "POST", "/v1/locks/lock-leave-lost/acquire", json={"session_id": waiter, "wait_s": 0.2}
+    )
+    monkeypatch.undo()
+    assert answer.status >= 500 and answer.document["error"]["definite"] is False, answer
+    assert _waiters(api, "lock-leave-lost") == [waiter]
+    for session in (holder, waiter):
+        api.request("DELETE", f"/v1/sessions/{session}")
+    assert api.request("GET", "/v1/locks/lock-leave-lost").status == 404

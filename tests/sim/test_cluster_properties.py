@@ -55,6 +55,7 @@ from xrcore.commands import (
     JobSubmit,
     KvPut,
     LockAcquire,
+    LockLeave,
     LockRelease,
     RegionRegister,
     SessionGrant,
@@ -87,6 +88,7 @@ COMMAND_WEIGHTS = {
     "lock_acquire": 3,
     "lock_acquire_wait": 2,
     "lock_release": 2,
+    "lock_leave": 1,
     "job_submit": 1,
     "task_assign": 1,
     "task_claim": 1,
@@ -137,6 +139,8 @@ class Workload:
             return LockAcquire(name=lock, session_id=session, wait=kind == "lock_acquire_wait")
         if kind == "lock_release" and session is not None:
             return LockRelease(name=lock, session_id=session)
+        if kind == "lock_leave" and session is not None:
+            return LockLeave(name=lock, session_id=session)
         if kind == "task_assign" and job is not None:
             return TaskAssign(job_id=job, task_index=0, region=REGION)
         if kind == "task_claim" and job is not None:

@@ -55,6 +55,7 @@ from xrcore.commands import (
     KvDelete,
     KvPut,
     LockAcquire,
+    LockLeave,
     LockRelease,
     LockValidate,
     Placement,
@@ -164,6 +165,7 @@ EXAMPLES: dict[str, Envelope] = {
         LockAcquire(name="locks/scheduler", session_id=SESSION_ID, wait=True), seq=5
     ),
     "lock.release": _envelope(LockRelease(name=LOCK_NAME, session_id=SESSION_ID), seq=6),
+    "lock.leave": _envelope(LockLeave(name=LOCK_NAME, session_id=SESSION_ID)),
     "lock.validate": _envelope(LockValidate(name=LOCK_NAME, token=LOCK_TOKEN)),
     "region.register": _envelope(
         RegionRegister(

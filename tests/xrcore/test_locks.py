@@ -7,6 +7,7 @@ import pytest
 from xrcore import errors, locks
 from xrcore.commands import (
     LockAcquire,
+    LockLeave,
     LockRelease,
     LockValidate,
     SessionGrant,
@@ -89,6 +90,32 @@ def test_release__by_a_stranger__is_lock_not_held() -> None:
     holder, stranger = _sessions(driver, 2)
     driver.ok(LockAcquire(name="L", session_id=holder))
     assert driver.error(LockRelease(name="L", session_id=stranger)) == "lock.not_held"
+
+
+def test_leave__takes_a_waiter_out_of_the_queue_and_never_releases_a_grant() -> None:
+    """What a node proposes when a wait ends unanswered (`node.api.locks`): by the time it
+    applies, the session may hold the lock, granted through another node."""
+    driver = Driver()
+    holder, waiter, other, stranger = _sessions(driver, 4)
+    driver.ok(LockAcquire(name="L", session_id=holder))
+    driver.ok(LockAcquire(name="L", session_id=waiter, wait=True))
+    driver.ok(LockAcquire(name="L", session_id=other, wait=True))
+    assert driver.ok(LockLeave(name="L", session_id=waiter)) == {"name": "L", "left_queue": True}
+    assert locks.get(driver.machine, "L")["waiters"] == [other]
+    assert driver.machine.sessions[waiter].locks == []
+    # The holder's leave changes nothing; nor does a stranger's, or one for a missing lock.
+    token = locks.get(driver.machine, "L")["token"]
+    assert driver.ok(LockLeave(name="L", session_id=holder)) == {
+        "name": "L",
+        "left_queue": False,
+        "granted": True,
+        "token": token,
+    }
+    for session, name in [(stranger, "L"), (holder, "nowhere"), ("no-such-session", "L")]:
+        answer = driver.ok(LockLeave(name=name, session_id=session))
+        assert (answer["left_queue"], answer["granted"]) == (False, False)
+    shown = locks.get(driver.machine, "L")
+    assert (shown["holder"], shown["token"], shown["waiters"]) == (holder, token, [other])
 
 
 def test_session_revoked__its_lock_passes_to_the_next_waiter() -> None:

@@ -46,6 +46,7 @@ from xrcore.commands import (
     KvDelete,
     KvPut,
     LockAcquire,
+    LockLeave,
     LockRelease,
     LockValidate,
     RegionRegister,
@@ -622,6 +623,19 @@ class Model:
             return {"released": False, "left_queue": True}
         raise Rejected(errors.LockNotHeld)
 
+    def leave(self, command: LockLeave, index: int) -> dict[str, Any]:
+        lock = self.locks.get(command.name)
+        if (
+            lock is not None
+            and command.session_id in self.sessions
+            and command.session_id in lock.waiters
+        ):
+            lock.waiters.remove(command.session_id)
+            return {"left_queue": True}
+        if lock is not None and lock.holder == command.session_id:
+            return {"left_queue": False, "granted": True, "token": lock.token}
+        return {"left_queue": False, "granted": False}
+
     def validate(self, command: LockValidate, index: int) -> dict[str, Any]:
         lock = self.locks.get(command.name)
         current = None if lock is None else lock.token
@@ -775,6 +789,7 @@ MODEL_HANDLERS: dict[type[Command], ModelHandler] = {
     SessionRevoke: Model.revoke,
     LockAcquire: Model.acquire,
     LockRelease: Model.release,
+    LockLeave: Model.leave,
     LockValidate: Model.validate,
     RegionRegister: Model.register,
     JobSubmit: Model.submit,
@@ -1581,6 +1596,7 @@ def commands_about(shadow: StateMachine) -> st.SearchStrategy[Command]:
         st.builds(LockAcquire, name=lock_names, session_id=session_ids, wait=st.booleans()),
         st.builds(SessionGrant, ttl_ms=st.sampled_from(SESSION_TTLS_MS)),
         st.builds(LockRelease, name=lock_names, session_id=session_ids),
+        st.builds(LockLeave, name=lock_names, session_id=session_ids),
         st.builds(
             KvPut,
             key=st.sampled_from(KEYS),
