@@ -390,7 +390,10 @@ class Executor:
         spec = self.store.replica.read(lambda machine: machine.jobs[attempt.job_id].spec)
         user, own = self._user_of(spec.tenant)
         try:
-            prepare_area(self.config.checkpoint_dir / tenant_area(spec.tenant), user, own=own)
+            # Off the loop: the checkpoint directory is often a network mount.
+            await asyncio.to_thread(
+                prepare_area, self.config.checkpoint_dir / tenant_area(spec.tenant), user, own=own
+            )
             attempt.process = await asyncio.create_subprocess_exec(
                 *protocol.worker_command(self.python),
                 env=self._environment(attempt, spec, user, checkpoint, child.fileno()),

@@ -145,7 +145,8 @@ def check(
     if done.returncode == _NOT_WRITABLE:
         raise ConfigError(
             f"{prefix} cannot write in the checkpoint directory {checkpoint_dir} "
-            "(executor.checkpoint_dir): give it that directory"
+            "(executor.checkpoint_dir): give it that directory, and let it pass through the "
+            "ones above it"
         )
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
