@@ -25,7 +25,8 @@ area of the checkpoint store (`checkpoints.tenant_area`) is that user's alone, m
 for it by the node (`prepare_area`). Another tenant's job, as another user, can neither read
 nor overwrite the area, nor signal, trace or read the memory of the tenant's workers (the kernel
 allows those only between processes of one uid). Tenants without a user of their own share
-`executor.job_user` (or the node's user) as before.
+`executor.job_user` (or the node's user) as before; their areas are the job user's, 0700 too, so
+a tenant with a user of its own cannot read them either.
 """
 
 from __future__ import annotations
@@ -167,11 +168,10 @@ def require_root(setting: str) -> None:
 
 def prepare_area(area: Path, user: JobUser | None, *, own: bool) -> None:
     """Makes a tenant's area of the checkpoint store if it is missing (and the directory of
-    areas, mode 0711 whatever the umask: passable, not listable). With `own` (the tenant's
-    own user) the area is the user's alone: given to it when made, mode 0700 always, and
-    ConfigError when it belongs to another uid (a tenant whose user changed, or another
-    tenant's). Without `own`, a new area is given to `user` (the shared job user), if any, and
-    one of another uid is refused the same way."""
+    areas, mode 0711 whatever the umask: passable, not listable). With a `user` (the tenant's
+    own with `own`, else the shared job user) the area is that user's alone: given to it when
+    made, mode 0700 always, and ConfigError when it belongs to another uid (a tenant whose user
+    changed, or another tenant's). Without one (jobs as the node's user) it is only made."""
     made = not area.is_dir()
     if made:
         if not area.parent.is_dir():
@@ -192,5 +192,5 @@ def prepare_area(area: Path, user: JobUser | None, *, own: bool) -> None:
             f"setting {setting}: the checkpoint area {area} belongs to uid {owner}, not to "
             f"{user.name!r} (uid {user.uid}); give it to that user (chown -R) or remove it"
         )
-    if own:
-        area.chmod(0o700)
+    # The job user's areas too: a tenant with a user of its own must not read them either.
+    area.chmod(0o700)

@@ -285,13 +285,14 @@ def _run_as_tenants(
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("users", ["one job user", "a user per tenant"])
+@pytest.mark.parametrize("users", ["one job user", "a user per tenant", "a user for beta alone"])
 def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_or_workers__with_a_user_each(
     tmp_path: Path, open_dir: Path, nobodys_python: str, users: str
 ) -> None:
     """Alpha's job commits a checkpoint and keeps running; beta's job then tries to list and
     write in alpha's checkpoint area and to signal the node's other workers. With one job user
-    for every tenant it can do all three (the control); with a user per tenant, none."""
+    for every tenant it can do all three (the control); with a user per tenant, none; nor with
+    a user for beta alone and alpha on the shared job user, whose areas are 0700 too."""
     checkpoints = open_dir / "checkpoints"
     area = checkpoints / tenant_area("alpha")
 
@@ -320,10 +321,12 @@ def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_or_workers__with
         assert (beta.st_uid, stat.S_IMODE(beta.st_mode)) == (seen["uid"], 0o700)
 
     settings = {"executor.python": nobodys_python, "executor.checkpoint_dir": str(checkpoints)}
-    if users == "one job user":
+    if users != "a user per tenant":
         settings["executor.job_user"] = "nobody"
-    else:
+    if users == "a user per tenant":
         settings["executor.tenant_users"] = ",".join(f"{t}={u}" for t, u in TENANT_USERS.items())
+    if users == "a user for beta alone":
+        settings["executor.tenant_users"] = f"beta={TENANT_USERS['beta']}"
     _run_as_tenants(tmp_path, body, **settings)
 
 
@@ -351,10 +354,10 @@ def test_a_tenants_area_is_made_its_users_alone_and_one_of_another_user_refused(
     for is_own, setting in [(True, "executor.tenant_users"), (False, "executor.job_user")]:
         with pytest.raises(ConfigError, match=rf"{setting}: the checkpoint area .* uid 0"):
             prepare_area(taken, nobody, own=is_own)
-    # The shared job user's: given to it, its mode left alone; no user: only made.
+    # The shared job user's: given to it, 0700 as well; no user: only made.
     shared = open_dir / "tenants" / "gamma"
     prepare_area(shared, nobody, own=False)
-    assert (shared.stat().st_uid, stat.S_IMODE(shared.stat().st_mode)) == (nobody.uid, 0o755)
+    assert (shared.stat().st_uid, stat.S_IMODE(shared.stat().st_mode)) == (nobody.uid, 0o700)
     plain = open_dir / "tenants" / "delta"
     prepare_area(plain, None, own=False)
     assert plain.stat().st_uid == os.geteuid()
