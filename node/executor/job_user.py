@@ -34,6 +34,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import stat
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -185,12 +186,15 @@ def prepare_area(area: Path, user: JobUser | None, *, own: bool) -> None:
         return
     if made:
         os.chown(area, user.uid, user.gid)
-    owner = area.stat().st_uid
+    status = area.stat()
+    owner = status.st_uid
     if owner != user.uid:
         setting = "executor.tenant_users" if own else "executor.job_user"
         raise ConfigError(
             f"setting {setting}: the checkpoint area {area} belongs to uid {owner}, not to "
             f"{user.name!r} (uid {user.uid}); give it to that user (chown -R) or remove it"
         )
-    # The job user's areas too: a tenant with a user of its own must not read them either.
-    area.chmod(0o700)
+    # The job user's areas too: a tenant with a user of its own must not read them either. Only
+    # when it differs: this runs before every attempt, often on a network mount.
+    if stat.S_IMODE(status.st_mode) != 0o700:
+        area.chmod(0o700)

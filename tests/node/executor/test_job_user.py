@@ -319,6 +319,9 @@ def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_or_workers__with
         # Beta's own area is beta's user's alone too.
         beta = (checkpoints / tenant_area("beta")).stat()
         assert (beta.st_uid, stat.S_IMODE(beta.st_mode)) == (seen["uid"], 0o700)
+        if users == "a user per tenant":
+            # Made by the node for tenants' users to pass through, whatever its umask.
+            assert stat.S_IMODE(checkpoints.stat().st_mode) == 0o711
 
     settings = {"executor.python": nobodys_python, "executor.checkpoint_dir": str(checkpoints)}
     if users != "a user per tenant":
