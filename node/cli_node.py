@@ -197,9 +197,12 @@ def _check_files(config: NodeConfig) -> None:
             ) from None
     if not config.executor.enabled:
         return
+    import shutil
+    import tempfile
+
     from node.executor.checkpoints import tenant_area
     from node.executor.executor import worker_environment
-    from node.executor.job_user import check, lookup
+    from node.executor.job_user import check, check_private_tmp, lookup
 
     users = (
         []
@@ -210,16 +213,25 @@ def _check_files(config: NodeConfig) -> None:
         ("executor.tenant_users", tenant_area(tenant), name)
         for tenant, name in config.executor.tenant_users.items()
     ]
-    for setting, area, name in users:
-        user = lookup(name, setting=setting)
-        check(
-            user,
-            python=config.executor.python or sys.executable,
-            environment=worker_environment(user),
-            checkpoint_dir=config.checkpoint_dir / area,
-            make_directory=False,
-            setting=setting,
-        )
+    sandboxes = None
+    if users and config.executor.private_tmp:
+        check_private_tmp(config.checkpoint_dir)
+        sandboxes = Path(tempfile.mkdtemp(prefix="xr-check-"))
+    try:
+        for setting, area, name in users:
+            user = lookup(name, setting=setting)
+            check(
+                user,
+                python=config.executor.python or sys.executable,
+                environment=worker_environment(user),
+                checkpoint_dir=config.checkpoint_dir / area,
+                make_directory=False,
+                setting=setting,
+                sandboxes=sandboxes,
+            )
+    finally:
+        if sandboxes is not None:
+            shutil.rmtree(sandboxes, ignore_errors=True)
 
 
 def effective_settings(config: NodeConfig, path: Path | None) -> list[tuple[str, str, str]]:

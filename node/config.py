@@ -232,6 +232,12 @@ class ExecutorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # job_user, or as the node's user. The node must run as root, and each user must have the
     # same uid in every region (the checkpoint directory is shared).
     tenant_users: dict[str, str] = {}
+    # Workers started as job_user or a tenant's user get /tmp, /var/tmp and /dev/shm of their
+    # own, in a mount namespace per attempt (files a job leaves there are not seen by others and
+    # go with the attempt; docs/security.md, "Temporary files"). Needs mount namespaces: set
+    # false where the node may not make them (a container without CAP_SYS_ADMIN); the node's
+    # start-up check says so.
+    private_tmp: bool = True
     # The Python interpreter that runs the workers. Default: the node's own. With job_user, one
     # that user can run and import xr and its dependencies with.
     python: str | None = None

@@ -9,6 +9,9 @@ Rules:
   over a socketpair (`node.executor.protocol`). Its environment is the node's without any `XR_`
   variable (`job_environment`): those are the node's settings, the cluster secret among them, and
   the `xr` client's credentials, and a job's log is shown to its tenant.
+- As another user (`executor.job_user`, `executor.tenant_users`), a worker runs with umask 077
+  and, with `executor.private_tmp`, in a sandbox (`node.executor.sandbox`): /tmp, /var/tmp and
+  /dev/shm of its own, the first two the attempt's directories, removed when it ends.
 - Every update it proposes carries the attempt's token: heartbeats (which renew the lease and
   carry progress), checkpoint commits, the completion or the failure. A definite rejection means
   the attempt was superseded (its lease expired and the task moved, or the job was cancelled):
@@ -30,9 +33,11 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,9 +45,16 @@ from pathlib import Path
 from typing import Any
 
 from node.config import ENV_PREFIX, ConfigError, NodeConfig
-from node.executor import protocol
+from node.executor import protocol, sandbox
 from node.executor.checkpoints import tenant_area
-from node.executor.job_user import JobUser, check, lookup, prepare_area, require_root
+from node.executor.job_user import (
+    JobUser,
+    check,
+    check_private_tmp,
+    lookup,
+    prepare_area,
+    require_root,
+)
 from raftstore.store import RaftStore
 from xrcore.commands import (
     Command,
@@ -164,6 +176,9 @@ class Executor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
+        # Where attempts' private /tmp and /var/tmp are made (`executor.private_tmp`): a
+        # directory of root's alone, made by `prepare` when workers run as another user.
+        self.sandboxes: Path | None = None
         # Idempotency keys for final updates: a retried completion applies once.
         self._seq = time.time_ns() // 1000
 
@@ -177,6 +192,23 @@ class Executor:
         checkpoint store, which it makes that user's alone."""
         if self.tenant_users:
             require_root("executor.tenant_users")
+        if self.job_user is not None:
+            require_root("executor.job_user")
+        if self.settings.private_tmp and (self.job_user is not None or self.tenant_users):
+            check_private_tmp(self.config.checkpoint_dir)
+            self.sandboxes = Path(
+                await asyncio.to_thread(tempfile.mkdtemp, prefix=f"xr-{self.region}-jobs-")
+            )
+        try:
+            await self._prepare_users()
+        except BaseException:
+            # The node does not start: nothing is left behind.
+            if self.sandboxes is not None:
+                await asyncio.to_thread(shutil.rmtree, self.sandboxes, ignore_errors=True)
+                self.sandboxes = None
+            raise
+
+    async def _prepare_users(self) -> None:
         if self.job_user is None:
             made = not self.config.checkpoint_dir.is_dir()
             self.config.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -191,6 +223,7 @@ class Executor:
                 environment=worker_environment(self.job_user),
                 checkpoint_dir=self.config.checkpoint_dir,
                 make_directory=True,
+                sandboxes=self.sandboxes,
             )
         for tenant, user in self.tenant_users.items():
             area = self.config.checkpoint_dir / tenant_area(tenant)
@@ -203,6 +236,7 @@ class Executor:
                 checkpoint_dir=area,
                 make_directory=False,
                 setting="executor.tenant_users",
+                sandboxes=self.sandboxes,
             )
 
     def _user_of(self, tenant: str) -> tuple[JobUser | None, bool]:
@@ -229,6 +263,8 @@ class Executor:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.sandboxes is not None:
+            await asyncio.to_thread(shutil.rmtree, self.sandboxes, ignore_errors=True)
 
     # Claiming.
 
@@ -382,27 +418,59 @@ class Executor:
         return environment
 
     async def _supervise(self, attempt: _Attempt, checkpoint: dict[str, Any] | None) -> None:
+        spec = self.store.replica.read(lambda machine: machine.jobs[attempt.job_id].spec)
+        user, own = self._user_of(spec.tenant)
+        private = None
+        if user is not None and self.sandboxes is not None:
+            private = self.sandboxes / f"attempt-{attempt.token}"
+        try:
+            await self._run_worker(attempt, checkpoint, spec, user, own, private)
+        finally:
+            if private is not None:
+                # What the job left in its /tmp and /var/tmp goes with the attempt.
+                await asyncio.to_thread(shutil.rmtree, private, ignore_errors=True)
+
+    async def _run_worker(
+        self,
+        attempt: _Attempt,
+        checkpoint: dict[str, Any] | None,
+        spec: JobSpec,
+        user: JobUser | None,
+        own: bool,
+        private: Path | None,
+    ) -> None:
+        """Runs one attempt's worker to its end: as `user` (None: the node's), with its own
+        /tmp, /var/tmp and /dev/shm over the directory `private` when given."""
         parent, child = socket.socketpair()
         log_file = logs_path(
             self.config.data_dir, attempt.job_id, attempt.task_index, attempt.attempt
         )
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        spec = self.store.replica.read(lambda machine: machine.jobs[attempt.job_id].spec)
-        user, own = self._user_of(spec.tenant)
+        command = protocol.worker_command(self.python)
+        # As another user, the worker's files are that user's alone, whatever the node's umask
+        # (as the node's user, a job can read what the node can anyway).
+        options = {} if user is None else {**user.spawn_options(), "umask": sandbox.UMASK}
         try:
+            environment = self._environment(attempt, spec, user, checkpoint, child.fileno())
             # Off the loop: the checkpoint directory is often a network mount.
             await asyncio.to_thread(
                 prepare_area, self.config.checkpoint_dir / tenant_area(spec.tenant), user, own=own
             )
+            if private is not None and user is not None:
+                await asyncio.to_thread(sandbox.make_directories, private)
+                # The sandbox switches to the user after its mounts, and sets the umask.
+                command = user.sandboxed(private, command)
+                options = {}
+                environment["TMPDIR"] = "/tmp"
             attempt.process = await asyncio.create_subprocess_exec(
-                *protocol.worker_command(self.python),
-                env=self._environment(attempt, spec, user, checkpoint, child.fileno()),
+                *command,
+                env=environment,
                 pass_fds=(child.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                **({} if user is None else user.spawn_options()),
+                **options,
             )
         except (OSError, ConfigError, protocol.ProtocolError) as error:
             # A description the worker would refuse (bad arguments) fails for good; an

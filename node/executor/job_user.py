@@ -34,17 +34,20 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from node.config import ConfigError
+from node.executor import sandbox
 from raftstore.files import fsync_directory
 
-__all__ = ["JobUser", "check", "lookup", "prepare_area", "require_root"]
+__all__ = ["JobUser", "check", "check_private_tmp", "lookup", "prepare_area", "require_root"]
 
 # How long the check's process may take (it imports the worker, NumPy among its dependencies).
 CHECK_TIMEOUT_S = 60.0
@@ -77,6 +80,11 @@ class JobUser:
         the user, with its own groups and none of the node's."""
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
+    def sandboxed(self, directory: Path, then: list[str]) -> list[str]:
+        """The command line that runs `then` as the user with /tmp, /var/tmp and /dev/shm of
+        its own (`node.executor.sandbox`, over `directory`), to be started as root."""
+        return sandbox.command(sys.executable, self.uid, self.gid, self.groups, directory, then)
+
 
 def lookup(name: str, *, setting: str = "executor.job_user") -> JobUser:
     try:
@@ -95,10 +103,12 @@ def check(
     checkpoint_dir: Path,
     make_directory: bool,
     setting: str = "executor.job_user",
+    sandboxes: Path | None = None,
 ) -> None:
     """ConfigError naming what stops jobs from running as `user`; see the module's text. With
     `make_directory`, a checkpoint directory that does not exist is made and given to the user;
-    without, it is left out of the check."""
+    without, it is left out of the check. With `sandboxes` (`executor.private_tmp`), the check's
+    process starts as the workers do, in a sandbox over a directory made there."""
     prefix = f"setting {setting}: {user.name!r}"
     require_root(setting)
     where = "-"
@@ -118,14 +128,22 @@ def check(
                 f"{user.name!r}: {error.strerror}"
             ) from None
         where = str(checkpoint_dir)
+    argv = [python, "-c", _CHECK, where]
+    options = user.spawn_options()
+    private = None
+    if sandboxes is not None:
+        private = sandboxes / f"check-{user.uid}"
+        shutil.rmtree(private, ignore_errors=True)
+        sandbox.make_directories(private)
+        argv, options = user.sandboxed(private, argv), {}
     try:
         done = subprocess.run(
-            [python, "-c", _CHECK, where],
+            argv,
             env=dict(environment),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=CHECK_TIMEOUT_S,
-            **user.spawn_options(),
+            **options,
         )
     except PermissionError as error:
         if error.errno == errno.EPERM:
@@ -144,6 +162,17 @@ def check(
             f"{prefix}: executor.python {python!r} did not start a worker within "
             f"{CHECK_TIMEOUT_S:.0f} s"
         ) from None
+    finally:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
+    said = done.stderr.decode(errors="replace").strip().splitlines()
+    if private is not None and done.returncode == sandbox.SETUP_FAILED:
+        raise ConfigError(
+            f"setting executor.private_tmp: this node cannot start workers as {user.name!r} with "
+            f"/tmp of their own ({said[-1] if said else 'no reason given'}): let it make mount "
+            'namespaces (docs/security.md, "Temporary files") or set executor.private_tmp = '
+            "false"
+        )
     if done.returncode == _NOT_WRITABLE:
         raise ConfigError(
             f"{prefix} cannot write in the checkpoint directory {checkpoint_dir} "
@@ -151,10 +180,21 @@ def check(
             "ones above it"
         )
     if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
         raise ConfigError(
             f"{prefix} cannot start a worker with executor.python {python!r}: "
             + (said[-1] if said else f"exit status {done.returncode}")
+        )
+
+
+def check_private_tmp(checkpoint_dir: Path) -> None:
+    """ConfigError when sandboxed workers (`executor.private_tmp`) would not see the checkpoint
+    directory: it is under a directory of which each has its own."""
+    covered = sandbox.covered_by(checkpoint_dir)
+    if covered is not None:
+        raise ConfigError(
+            f"setting executor.checkpoint_dir: {checkpoint_dir} is under {covered}, of which "
+            "each worker has its own with executor.private_tmp: move it, or set "
+            "executor.private_tmp = false"
         )
 
 

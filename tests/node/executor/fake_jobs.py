@@ -112,8 +112,12 @@ def who_am_i(ctx: JobContext) -> dict[str, Any]:
 
 
 def hold_checkpoint(ctx: JobContext) -> dict[str, Any]:
-    """Commits a checkpoint, then runs until stopped."""
+    """Commits a checkpoint, writes a file at each path of `ctx.args["leave"]` (the process's
+    umask deciding its mode, as for any file a job makes), then runs until stopped."""
     committed = ctx.checkpoint(1, {"weights": ctx.xp.arange(4)})
+    for path in ctx.args.get("leave", []):
+        with open(path, "w") as left:
+            left.write("alpha's")
     while not ctx.should_stop():
         ctx.progress(1, 0, committed=float(committed))
         time.sleep(0.05)
@@ -122,10 +126,19 @@ def hold_checkpoint(ctx: JobContext) -> dict[str, Any]:
 
 def probe_other_tenant(ctx: JobContext) -> dict[str, Any]:
     """What this job can do to another tenant's: list its checkpoint area `ctx.args["area"]`,
-    write a file there, and signal the other workers running on the node (signal 0, which only
-    asks whether it may)."""
+    write a file there, signal the other workers running on the node (signal 0, which only
+    asks whether it may), and read each file of `ctx.args["peek"]` ("read", "refused" or
+    "missing", under "peeked")."""
     area = ctx.args["area"]
-    seen: dict[str, Any] = {}
+    seen: dict[str, Any] = {"peeked": {}}
+    for path in ctx.args.get("peek", []):
+        try:
+            with open(path) as peeked:
+                seen["peeked"][path] = "read" if peeked.read() == "alpha's" else "other"
+        except PermissionError:
+            seen["peeked"][path] = "refused"
+        except FileNotFoundError:
+            seen["peeked"][path] = "missing"
     try:
         seen["listed"] = sorted(os.listdir(area))
     except PermissionError:

@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -44,8 +45,9 @@ def _nobody() -> JobUser:
 
 @pytest.fixture()
 def open_dir() -> Iterator[Path]:
-    """A directory every user can reach (pytest's own tmp_path is under a 0700 directory)."""
-    path = Path(tempfile.mkdtemp(prefix="xr-job-user-"))
+    """A directory every user can reach (pytest's own tmp_path is under a 0700 directory), and
+    not under /tmp, of which sandboxed workers have their own (`executor.private_tmp`)."""
+    path = Path(tempfile.mkdtemp(prefix="xr-job-user-", dir="/var/lib"))
     path.chmod(0o755)
     try:
         yield path
@@ -206,6 +208,11 @@ def test_node_run_check__runs_the_same_check(
     (locked / "python").symlink_to(sys.executable)
     arguments = ["node", "run", "--check", "--region", "r0", "--data-dir", str(tmp_path)]
     arguments += ["--raft-address", "127.0.0.1:7001", "--set", "executor.job_user=nobody"]
+    # The checkpoint directory is under /tmp (pytest's): sandboxed workers would not see it.
+    assert main(arguments) == 2
+    said = capsys.readouterr().err
+    assert "setting executor.checkpoint_dir: " in said and "is under /tmp, of which" in said
+    arguments += ["--set", "executor.private_tmp=false"]
     assert main([*arguments, "--set", f"executor.python={locked / 'python'}"]) == 2
     said = capsys.readouterr().err
     assert (
@@ -226,6 +233,8 @@ def test_a_node_whose_jobs_cannot_run_as_the_job_user__does_not_start(tmp_path: 
     command += ["--data-dir", str(tmp_path / "data"), "--raft-address", config.raft.self_address]
     command += ["--http-address", config.http.address, "--set", "executor.job_user=nobody"]
     command += ["--set", f"executor.python={locked / 'python'}"]
+    # Its checkpoint directory is under /tmp (pytest's), which sandboxed workers would not see.
+    command += ["--set", "executor.private_tmp=false"]
     done = subprocess.run(
         command,
         capture_output=True,
@@ -246,10 +255,10 @@ TENANT_USERS = {"alpha": "nobody", "beta": "daemon"}
 
 
 def _run_as_tenants(
-    tmp_path: Path, body: Callable[[dict[str, _Api]], Awaitable[None]], **settings: str
+    tmp_path: Path, body: Callable[[dict[str, _Api], Node], Awaitable[None]], **settings: str
 ) -> None:
     """`test_executor._run` with authentication on: one API client per tenant of
-    TENANT_TOKENS, each with its tenant's token."""
+    TENANT_TOKENS, each with its tenant's token; the body gets the node too."""
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(
         "".join(
@@ -276,7 +285,7 @@ def _run_as_tenants(
             }
             for api in apis.values():
                 await api.until(partial(api.get, "/v1/jobs"), lambda r: "items" in r)
-            await body(apis)
+            await body(apis, node)
         finally:
             for session in sessions:
                 await session.close()
@@ -285,27 +294,67 @@ def _run_as_tenants(
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("users", ["one job user", "a user per tenant", "a user for beta alone"])
-def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_or_workers__with_a_user_each(
+@pytest.mark.parametrize(
+    "users",
+    [
+        "one job user",
+        "one job user, shared /tmp",
+        "a user per tenant",
+        "a user per tenant, shared /tmp",
+        "a user for beta alone",
+    ],
+)
+def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_workers_or_temporary_files(
     tmp_path: Path, open_dir: Path, nobodys_python: str, users: str
 ) -> None:
-    """Alpha's job commits a checkpoint and keeps running; beta's job then tries to list and
-    write in alpha's checkpoint area and to signal the node's other workers. With one job user
-    for every tenant it can do all three (the control); with a user per tenant, none; nor with
-    a user for beta alone and alpha on the shared job user, whose areas are 0700 too."""
+    """Alpha's job commits a checkpoint, leaves a file in /tmp, /var/tmp and /dev/shm and keeps
+    running; beta's job then tries to list and write in alpha's checkpoint area, to signal the
+    node's other workers and to read alpha's files. With one job user for every tenant it can
+    do the first three (the control); with a user per tenant, none; nor with a user for beta
+    alone and alpha on the shared job user, whose areas are 0700 too. Alpha's files: with
+    `executor.private_tmp` (the default) each attempt has its own /tmp, /var/tmp and /dev/shm,
+    so beta's job finds none of them, even as the same user; without, they are in the
+    machine's, where the same user reads them (the control) and another is refused (the
+    workers' umask is 077)."""
     checkpoints = open_dir / "checkpoints"
     area = checkpoints / tenant_area("alpha")
+    mark = f"xr-test-{os.getpid()}-{time.monotonic_ns()}"
+    left = [f"/tmp/{mark}", f"/var/tmp/{mark}", f"/dev/shm/{mark}"]
+    shared_tmp = users.endswith("shared /tmp")
+    sandboxes: list[Path] = []
 
-    async def body(apis: dict[str, _Api]) -> None:
-        holder = await apis["alpha"].submit("hold_checkpoint")
+    async def body(apis: dict[str, _Api], node: Node) -> None:
+        assert node.executor is not None
+        holder = await apis["alpha"].submit("hold_checkpoint", args={"leave": left})
         await apis["alpha"].running(holder)
-        prober = await apis["beta"].submit("probe_other_tenant", args={"area": str(area)})
+        prober = await apis["beta"].submit(
+            "probe_other_tenant", args={"area": str(area), "peek": left}
+        )
         job = await apis["beta"].finished(prober)
         assert job["state"] == "succeeded", job
         seen = json.loads(job["tasks"][0]["result"])
         held = await apis["alpha"].get(f"/v1/jobs/{holder}")
         assert held["tasks"][0]["state"] == "running"
-        if users == "one job user":
+        peeked = set(seen["peeked"].values())
+        if shared_tmp:
+            assert node.executor.sandboxes is None
+            for path in left:
+                assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            assert peeked == {"read" if users.startswith("one job user") else "refused"}, seen
+        else:
+            assert node.executor.sandboxes is not None
+            sandboxes.append(node.executor.sandboxes)
+            assert peeked == {"missing"}, seen
+            # Alpha's /tmp and /var/tmp are its attempt's directories; its /dev/shm is in no
+            # directory of the host's. Beta's attempt's went when it ended.
+            attempts = await apis["alpha"].until(
+                lambda: asyncio.to_thread(lambda: list(sandboxes[0].iterdir())),
+                lambda found: len(found) == 1,
+            )
+            for name in ("tmp", "var-tmp"):
+                assert (attempts[0] / name / mark).read_text() == "alpha's"
+            assert not any(Path(path).exists() for path in left)
+        if users.startswith("one job user"):
             assert seen["uid"] == _nobody().uid
             assert holder in seen["listed"] and seen["wrote"] == "wrote", seen
             assert seen["signalled"] >= 1, seen
@@ -324,13 +373,21 @@ def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_or_workers__with
             assert stat.S_IMODE(checkpoints.stat().st_mode) == 0o711
 
     settings = {"executor.python": nobodys_python, "executor.checkpoint_dir": str(checkpoints)}
-    if users != "a user per tenant":
+    if users.startswith("one job user") or users == "a user for beta alone":
         settings["executor.job_user"] = "nobody"
-    if users == "a user per tenant":
+    if users.startswith("a user per tenant"):
         settings["executor.tenant_users"] = ",".join(f"{t}={u}" for t, u in TENANT_USERS.items())
     if users == "a user for beta alone":
         settings["executor.tenant_users"] = f"beta={TENANT_USERS['beta']}"
-    _run_as_tenants(tmp_path, body, **settings)
+    if shared_tmp:
+        settings["executor.private_tmp"] = "false"
+    try:
+        _run_as_tenants(tmp_path, body, **settings)
+    finally:
+        for path in left:
+            Path(path).unlink(missing_ok=True)
+    # The node removes every attempt's directories when it stops.
+    assert not any(path.exists() for path in sandboxes)
 
 
 def test_a_tenants_area_is_made_its_users_alone_and_one_of_another_user_refused(
@@ -383,7 +440,12 @@ def test_tenant_users_are_checked_when_the_configuration_loads_and_at_node_run_c
     (locked / "python").symlink_to(sys.executable)
     arguments = ["node", "run", "--check", "--region", "r0", "--data-dir", str(tmp_path)]
     arguments += ["--raft-address", "127.0.0.1:7001"]
-    arguments += ["--set", "executor.tenant_users=alpha=nobody"]
+    arguments += [
+        "--set",
+        "executor.tenant_users=alpha=nobody",
+        "--set",
+        "executor.private_tmp=false",
+    ]
     assert main([*arguments, "--set", f"executor.python={locked / 'python'}"]) == 2
     said = capsys.readouterr().err
     assert "setting executor.tenant_users: 'nobody' cannot run executor.python" in said

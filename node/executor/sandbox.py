@@ -1,0 +1,167 @@
+"""Starts a worker as its job's user with /tmp, /var/tmp and /dev/shm of its own
+(`executor.private_tmp`).
+
+The node, as root, runs this file in place of the worker's command (`command` below):
+
+    python -I -S sandbox.py --uid U --gid G --groups G1,G2 --tmp DIR -- COMMAND...
+
+It makes a mount namespace, turns every mount in it private (nothing mounted here shows on the
+host), binds DIR/tmp on /tmp and DIR/var-tmp on /var/tmp (the attempt's directories: the node
+makes them and removes them when the attempt ends) and mounts a new tmpfs on /dev/shm, as large
+as the host's; then becomes the user (groups, gid, uid: the switch from root drops every
+capability), sets the umask to 077 and executes COMMAND in its own place, so the worker keeps
+the process id the node signals. A job then sees no other job's files in those directories,
+cannot plant files there for another job to find, and leaves nothing behind in them.
+
+It is run with `-I -S` and imports the standard library alone: it runs as root, and must not
+import anything from a path a job's user could write to. A failure before COMMAND starts is one
+line on stderr (the task's log) and exit status `SETUP_FAILED`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["SETUP_FAILED", "UMASK", "command", "covered_by", "isolate", "make_directories"]
+
+# The exit status when the sandbox could not be set up (as `env` and `nohup` use 125).
+SETUP_FAILED = 125
+# The worker's umask: files a job makes are its user's alone unless it opens them up itself.
+UMASK = 0o077
+# Where each directory of the attempt's is mounted.
+BINDS = (("tmp", "/tmp"), ("var-tmp", "/var/tmp"))
+SHM = "/dev/shm"
+
+# <sched.h> and <sys/mount.h>.
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_BIND = 0x1000
+_MS_REC = 0x4000
+_MS_PRIVATE = 0x40000
+
+
+def command(
+    python: str, uid: int, gid: int, groups: tuple[int, ...], directory: Path, then: list[str]
+) -> list[str]:
+    """The command line that runs `then` in a sandbox over `directory` as the given user;
+    `python` runs this file, as root: the node's interpreter."""
+    return [
+        python,
+        "-I",
+        "-S",
+        str(Path(__file__).resolve()),
+        "--uid",
+        str(uid),
+        "--gid",
+        str(gid),
+        "--groups",
+        ",".join(map(str, groups)),
+        "--tmp",
+        str(directory),
+        "--",
+        *then,
+    ]
+
+
+def covered_by(path: Path) -> str | None:
+    """The mount point a sandboxed worker has its own of (so sees none of the host's files
+    under it) that `path` lies under, if any."""
+    resolved = path.resolve()
+    for point in (*(target for _, target in BINDS), SHM):
+        if resolved.is_relative_to(Path(point).resolve()):
+            return point
+    return None
+
+
+def make_directories(directory: Path) -> None:
+    """Makes an attempt's directories under `directory` (itself in a directory of root's alone,
+    so no other process reaches them by path), each mode 1777 as /tmp is."""
+    directory.mkdir()
+    for name, _ in BINDS:
+        (directory / name).mkdir()
+        (directory / name).chmod(0o1777)
+
+
+def _libc_call(what: str, result: int) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def isolate(directory: Path) -> None:
+    """Moves this process into a mount namespace of its own with the attempt's directories on
+    /tmp and /var/tmp and a new tmpfs on /dev/shm (see the module's text). Mount points this
+    machine does not have are left out."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        ctypes.c_char_p,
+    ]
+    _libc_call("cannot make a mount namespace", libc.unshare(_CLONE_NEWNS))
+    _libc_call(
+        "cannot make the mounts private", libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
+    )
+    # The sources by a path relative to `directory`, which may itself be under /tmp: once /tmp
+    # is covered, only the working directory still leads there.
+    back = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            os.chdir(directory)
+        except OSError as error:
+            raise OSError(error.errno, f"cannot reach {directory}: {error.strerror}") from None
+        for name, target in BINDS:
+            if os.path.isdir(target):
+                _libc_call(
+                    f"cannot mount {directory / name} on {target}",
+                    libc.mount(name.encode(), target.encode(), None, _MS_BIND, None),
+                )
+        os.fchdir(back)
+    finally:
+        os.close(back)
+    if os.path.isdir(SHM):
+        host = os.statvfs(SHM)
+        options = f"mode=1777,size={host.f_blocks * host.f_frsize}".encode()
+        _libc_call(
+            f"cannot mount a tmpfs on {SHM}",
+            libc.mount(b"tmpfs", SHM.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options),
+        )
+
+
+def _ids(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="sandbox.py")
+    parser.add_argument("--uid", type=int, required=True)
+    parser.add_argument("--gid", type=int, required=True)
+    parser.add_argument("--groups", type=_ids, default=[])
+    parser.add_argument("--tmp", type=Path, required=True)
+    parser.add_argument("then", nargs="+")
+    arguments = parser.parse_args(argv)
+    step = "cannot set up"
+    try:
+        isolate(arguments.tmp)
+        step = f"cannot become uid {arguments.uid} (gid {arguments.gid})"
+        os.setgroups(arguments.groups)
+        os.setgid(arguments.gid)
+        os.setuid(arguments.uid)
+        os.umask(UMASK)
+        step = f"cannot run {arguments.then[0]}"
+        os.execvp(arguments.then[0], arguments.then)
+    except OSError as error:
+        said = error.strerror if step == "cannot set up" else f"{step}: {error.strerror}"
+        print(f"xr sandbox: {said}", file=sys.stderr, flush=True)
+    return SETUP_FAILED  # execvp returns only by raising
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

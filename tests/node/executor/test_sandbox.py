@@ -1,0 +1,146 @@
+"""Workers with /tmp, /var/tmp and /dev/shm of their own (`executor.private_tmp`,
+`node.executor.sandbox`). Run as root, as the node would; the end-to-end case, two tenants'
+jobs on one node, is in test_job_user.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node.config import ConfigError
+from node.executor import sandbox
+from node.executor.executor import Executor, worker_environment
+from node.executor.job_user import check, lookup
+from tests.node.executor.test_executor import _config
+
+# Run as the sandboxed user: where its files go, who it is, what it may do.
+_PROBE = """
+name=$1
+echo mine > /tmp/$name; echo mine > /var/tmp/$name; echo mine > /dev/shm/$name
+id -u; id -G; umask
+grep CapEff /proc/self/status
+ls -A /tmp; ls -A /dev/shm
+stat -c %a /tmp/$name
+"""
+
+
+@pytest.fixture()
+def sandboxes() -> Iterator[Path]:
+    """A directory of root's alone, as the executor makes (`Executor.prepare`)."""
+    path = Path(tempfile.mkdtemp(prefix="xr-test-sandboxes-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_sandboxed_process_has_its_own_tmp_var_tmp_and_shm_as_the_user_without_capabilities(
+    sandboxes: Path,
+) -> None:
+    nobody = lookup("nobody")
+    directory = sandboxes / "attempt-1"
+    sandbox.make_directories(directory)
+    name = f"xr-test-{os.getpid()}"
+    done = subprocess.run(
+        nobody.sandboxed(directory, ["/bin/sh", "-c", _PROBE, "probe", name]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    uid, groups, umask, capabilities, tmp, shm, mode = done.stdout.splitlines()
+    assert int(uid) == nobody.uid
+    assert sorted(map(int, groups.split())) == sorted(nobody.groups)
+    assert umask == "0077" and mode == "600"
+    assert capabilities.split() == ["CapEff:", "0000000000000000"]
+    # Its /tmp and /dev/shm hold its files alone.
+    assert tmp == name and shm == name
+    for place in ("tmp", "var-tmp"):
+        made = directory / place / name
+        assert made.read_text() == "mine\n"
+        assert made.stat().st_uid == nobody.uid
+    # Nothing of it on the host: not the files, not the mounts.
+    for path in (f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}"):
+        assert not Path(path).exists()
+    assert str(directory) not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_a_sandbox_that_cannot_be_set_up__runs_nothing_and_says_why(sandboxes: Path) -> None:
+    nobody = lookup("nobody")
+    ran = sandboxes / "ran"
+    missing = sandboxes / "never-made"
+    done = subprocess.run(
+        nobody.sandboxed(missing, ["/bin/touch", str(ran)]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == sandbox.SETUP_FAILED
+    assert done.stderr == (f"xr sandbox: cannot reach {missing}: No such file or directory\n")
+    assert not ran.exists()
+    directory = sandboxes / "attempt-2"
+    sandbox.make_directories(directory)
+    done = subprocess.run(
+        nobody.sandboxed(directory, ["/no/such/program"]), capture_output=True, text=True
+    )
+    assert done.returncode == sandbox.SETUP_FAILED
+    assert "cannot run /no/such/program: No such file or directory" in done.stderr
+
+
+def test_the_start_up_check_names_the_setting_when_workers_cannot_be_sandboxed(
+    sandboxes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check's process starts as every worker would; here the sandbox is given a
+    directory that is not there (as a host that refuses mount namespaces refuses it: the
+    sandbox exits SETUP_FAILED before the user's code runs)."""
+    nobody = lookup("nobody")
+    command = sandbox.command
+    monkeypatch.setattr(
+        sandbox,
+        "command",
+        lambda python, uid, gid, groups, directory, then: command(
+            python, uid, gid, groups, directory / "never-made", then
+        ),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"setting executor\.private_tmp: this node cannot start workers as 'nobody' with "
+        r"/tmp of their own \(xr sandbox: cannot reach .*never-made: No such file",
+    ):
+        check(
+            nobody,
+            python=sys.executable,
+            environment=worker_environment(nobody),
+            checkpoint_dir=sandboxes,
+            make_directory=False,
+            sandboxes=sandboxes,
+        )
+    # The check's directory is removed whatever the outcome.
+    assert list(sandboxes.iterdir()) == []
+
+
+def test_a_checkpoint_directory_under_tmp__is_refused_with_private_tmp(tmp_path: Path) -> None:
+    """Sandboxed workers would not see it (they have /tmp of their own)."""
+    checkpoints = Path("/tmp") / f"xr-test-{os.getpid()}" / "checkpoints"
+    config = _config(
+        tmp_path,
+        **{"executor.job_user": "nobody", "executor.checkpoint_dir": str(checkpoints)},
+    )
+    with pytest.raises(
+        ConfigError,
+        match=rf"setting executor\.checkpoint_dir: {checkpoints} is under /tmp, of which each "
+        r"worker has its own with executor\.private_tmp: move it, or set",
+    ):
+        asyncio.run(Executor(config, store=None).prepare())  # type: ignore[arg-type]
+    assert not checkpoints.exists()
+    assert sandbox.covered_by(Path("/var/tmp/x")) == "/var/tmp"
+    assert sandbox.covered_by(Path("/dev/shm")) == "/dev/shm"
+    assert sandbox.covered_by(Path("/var/lib/xr/checkpoints")) is None
