@@ -202,7 +202,7 @@ def _check_files(config: NodeConfig) -> None:
 
     from node.executor.checkpoints import tenant_area
     from node.executor.executor import worker_environment
-    from node.executor.job_user import check, check_private_tmp, lookup
+    from node.executor.job_user import check, lookup
 
     users = (
         []
@@ -215,7 +215,6 @@ def _check_files(config: NodeConfig) -> None:
     ]
     sandboxes = None
     if users and config.executor.private_tmp:
-        check_private_tmp(config.checkpoint_dir)
         sandboxes = Path(tempfile.mkdtemp(prefix="xr-check-"))
     try:
         for setting, area, name in users:

@@ -50,7 +50,7 @@ from node.executor.checkpoints import tenant_area
 from node.executor.job_user import (
     JobUser,
     check,
-    check_private_tmp,
+    kept_paths,
     lookup,
     prepare_area,
     require_root,
@@ -179,6 +179,8 @@ class Executor:
         # Where attempts' private /tmp and /var/tmp are made (`executor.private_tmp`): a
         # directory of root's alone, made by `prepare` when workers run as another user.
         self.sandboxes: Path | None = None
+        # What of the host's /tmp they still see (`job_user.kept_paths`).
+        self.kept: tuple[Path, ...] = ()
         # Idempotency keys for final updates: a retried completion applies once.
         self._seq = time.time_ns() // 1000
 
@@ -195,7 +197,9 @@ class Executor:
         if self.job_user is not None:
             require_root("executor.job_user")
         if self.settings.private_tmp and (self.job_user is not None or self.tenant_users):
-            check_private_tmp(self.config.checkpoint_dir)
+            self.kept = kept_paths(
+                self.python, worker_environment(None), self.config.checkpoint_dir
+            )
             self.sandboxes = Path(
                 await asyncio.to_thread(tempfile.mkdtemp, prefix=f"xr-{self.region}-jobs-")
             )
@@ -459,7 +463,7 @@ class Executor:
             if private is not None and user is not None:
                 await asyncio.to_thread(sandbox.make_directories, private)
                 # The sandbox switches to the user after its mounts, and sets the umask.
-                command = user.sandboxed(private, command)
+                command = user.sandboxed(private, command, self.kept)
                 options = {}
                 environment["TMPDIR"] = "/tmp"
             attempt.process = await asyncio.create_subprocess_exec(

@@ -47,7 +47,7 @@ from node.config import ConfigError
 from node.executor import sandbox
 from raftstore.files import fsync_directory
 
-__all__ = ["JobUser", "check", "check_private_tmp", "lookup", "prepare_area", "require_root"]
+__all__ = ["JobUser", "check", "kept_paths", "lookup", "prepare_area", "require_root"]
 
 # How long the check's process may take (it imports the worker, NumPy among its dependencies).
 CHECK_TIMEOUT_S = 60.0
@@ -80,10 +80,25 @@ class JobUser:
         the user, with its own groups and none of the node's."""
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
-    def sandboxed(self, directory: Path, then: list[str]) -> list[str]:
+    def sandboxed(self, directory: Path, then: list[str], keep: tuple[Path, ...] = ()) -> list[str]:
         """The command line that runs `then` as the user with /tmp, /var/tmp and /dev/shm of
-        its own (`node.executor.sandbox`, over `directory`), to be started as root."""
-        return sandbox.command(sys.executable, self.uid, self.gid, self.groups, directory, then)
+        its own (`node.executor.sandbox`, over `directory`, `keep` kept in sight), to be
+        started as root."""
+        return sandbox.command(
+            sys.executable, self.uid, self.gid, self.groups, directory, then, keep
+        )
+
+
+def kept_paths(
+    python: str, environment: Mapping[str, str], checkpoint_dir: Path
+) -> tuple[Path, ...]:
+    """What a sandboxed worker must still see of the host's /tmp, /var/tmp and /dev/shm when
+    they hold it: xr's code and the rest of the module path, the interpreter's installation (a
+    virtual environment's root), the checkpoint directory."""
+    paths = [Path(entry) for entry in environment.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    interpreter = Path(shutil.which(python, path=environment.get("PATH")) or python).absolute()
+    paths += [interpreter.parent.parent, checkpoint_dir]
+    return tuple(path for path in paths if sandbox.covered_by(path) is not None)
 
 
 def lookup(name: str, *, setting: str = "executor.job_user") -> JobUser:
@@ -135,7 +150,8 @@ def check(
         private = sandboxes / f"check-{user.uid}"
         shutil.rmtree(private, ignore_errors=True)
         sandbox.make_directories(private)
-        argv, options = user.sandboxed(private, argv), {}
+        keep = kept_paths(python, environment, checkpoint_dir)
+        argv, options = user.sandboxed(private, argv, keep), {}
     try:
         done = subprocess.run(
             argv,
@@ -173,6 +189,9 @@ def check(
             'namespaces (docs/security.md, "Temporary files") or set executor.private_tmp = '
             "false"
         )
+    if private is not None and done.returncode == sandbox.EXEC_FAILED:
+        reason = said[-1].rpartition(": ")[2] if said else f"exit status {done.returncode}"
+        raise ConfigError(f"{prefix} cannot run executor.python {python!r}: {reason}")
     if done.returncode == _NOT_WRITABLE:
         raise ConfigError(
             f"{prefix} cannot write in the checkpoint directory {checkpoint_dir} "
@@ -183,18 +202,6 @@ def check(
         raise ConfigError(
             f"{prefix} cannot start a worker with executor.python {python!r}: "
             + (said[-1] if said else f"exit status {done.returncode}")
-        )
-
-
-def check_private_tmp(checkpoint_dir: Path) -> None:
-    """ConfigError when sandboxed workers (`executor.private_tmp`) would not see the checkpoint
-    directory: it is under a directory of which each has its own."""
-    covered = sandbox.covered_by(checkpoint_dir)
-    if covered is not None:
-        raise ConfigError(
-            f"setting executor.checkpoint_dir: {checkpoint_dir} is under {covered}, of which "
-            "each worker has its own with executor.private_tmp: move it, or set "
-            "executor.private_tmp = false"
         )
 
 

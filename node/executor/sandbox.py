@@ -3,7 +3,7 @@
 
 The node, as root, runs this file in place of the worker's command (`command` below):
 
-    python -I -S sandbox.py --uid U --gid G --groups G1,G2 --tmp DIR -- COMMAND...
+    python -I -S sandbox.py --uid U --gid G --groups G1,G2 --tmp DIR [--keep PATH]... -- COMMAND...
 
 It makes a mount namespace, turns every mount in it private (nothing mounted here shows on the
 host), binds DIR/tmp on /tmp and DIR/var-tmp on /var/tmp (the attempt's directories: the node
@@ -13,9 +13,14 @@ capability), sets the umask to 077 and executes COMMAND in its own place, so the
 the process id the node signals. A job then sees no other job's files in those directories,
 cannot plant files there for another job to find, and leaves nothing behind in them.
 
+Each `--keep` path the new mounts would hide (xr's code, the interpreter, the checkpoint
+directory, when they are under /tmp) is bound back at the same place, in directories made with
+the owners and modes of the host's, so the user reaches it exactly as it would outside.
+
 It is run with `-I -S` and imports the standard library alone: it runs as root, and must not
 import anything from a path a job's user could write to. A failure before COMMAND starts is one
-line on stderr (the task's log) and exit status `SETUP_FAILED`.
+line on stderr (the task's log) and exit status `SETUP_FAILED`; COMMAND that cannot be executed,
+`EXEC_FAILED`.
 """
 
 from __future__ import annotations
@@ -23,13 +28,24 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import stat
 import sys
 from pathlib import Path
 
-__all__ = ["SETUP_FAILED", "UMASK", "command", "covered_by", "isolate", "make_directories"]
+__all__ = [
+    "EXEC_FAILED",
+    "SETUP_FAILED",
+    "UMASK",
+    "command",
+    "covered_by",
+    "isolate",
+    "make_directories",
+]
 
-# The exit status when the sandbox could not be set up (as `env` and `nohup` use 125).
+# The exit statuses when the sandbox could not be set up (as `env` and `nohup` use 125) and when
+# the command could not be executed (as a shell's "cannot execute").
 SETUP_FAILED = 125
+EXEC_FAILED = 126
 # The worker's umask: files a job makes are its user's alone unless it opens them up itself.
 UMASK = 0o077
 # Where each directory of the attempt's is mounted.
@@ -46,10 +62,17 @@ _MS_PRIVATE = 0x40000
 
 
 def command(
-    python: str, uid: int, gid: int, groups: tuple[int, ...], directory: Path, then: list[str]
+    python: str,
+    uid: int,
+    gid: int,
+    groups: tuple[int, ...],
+    directory: Path,
+    then: list[str],
+    keep: tuple[Path, ...] = (),
 ) -> list[str]:
-    """The command line that runs `then` in a sandbox over `directory` as the given user;
-    `python` runs this file, as root: the node's interpreter."""
+    """The command line that runs `then` in a sandbox over `directory` as the given user,
+    keeping `keep` in sight; `python` runs this file, as root: the node's interpreter."""
+    kept = [argument for path in keep for argument in ("--keep", str(path))]
     return [
         python,
         "-I",
@@ -63,6 +86,7 @@ def command(
         ",".join(map(str, groups)),
         "--tmp",
         str(directory),
+        *kept,
         "--",
         *then,
     ]
@@ -93,10 +117,48 @@ def _libc_call(what: str, result: int) -> None:
         raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
-def isolate(directory: Path) -> None:
+class _Kept:
+    """A path to bind back over the new mounts: an open handle on it, and the owners and modes
+    of the directories from its mount point down, read before they are covered."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.resolve()
+        point = Path(covered_by(self.path) or "/").resolve()
+        self.levels = [
+            (level, os.stat(level))
+            for level in reversed(self.path.parents)
+            if level.is_relative_to(point) and level != point
+        ]
+        self.is_dir = self.path.is_dir()
+        self.handle = os.open(self.path, os.O_PATH | os.O_CLOEXEC)
+
+    def bind(self, libc: ctypes.CDLL) -> None:
+        for level, status in self.levels:
+            if not level.exists():
+                os.mkdir(level)
+                os.chown(level, status.st_uid, status.st_gid)
+                os.chmod(level, stat.S_IMODE(status.st_mode))
+        if self.is_dir:
+            self.path.mkdir(exist_ok=True)
+        else:
+            self.path.touch(exist_ok=True)
+        _libc_call(
+            f"cannot keep {self.path}",
+            libc.mount(
+                f"/proc/self/fd/{self.handle}".encode(),
+                bytes(self.path),
+                None,
+                _MS_BIND | _MS_REC,
+                None,
+            ),
+        )
+        os.close(self.handle)
+
+
+def isolate(directory: Path, keep: tuple[Path, ...] = ()) -> None:
     """Moves this process into a mount namespace of its own with the attempt's directories on
-    /tmp and /var/tmp and a new tmpfs on /dev/shm (see the module's text). Mount points this
-    machine does not have are left out."""
+    /tmp and /var/tmp, a new tmpfs on /dev/shm and the `keep` paths among them bound back (see
+    the module's text). Mount points this machine does not have are left out."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [
         ctypes.c_char_p,
@@ -109,6 +171,16 @@ def isolate(directory: Path) -> None:
     _libc_call(
         "cannot make the mounts private", libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)
     )
+    # Opened in the new namespace (a bind's source must be one of its mounts), before they are
+    # covered. Outermost first; one inside another comes with it.
+    kept: list[_Kept] = []
+    for path in sorted({path.resolve() for path in keep}, key=lambda path: len(path.parts)):
+        if (
+            covered_by(path)
+            and path.exists()
+            and not any(path.is_relative_to(k.path) for k in kept)
+        ):
+            kept.append(_Kept(path))
     # The sources by a path relative to `directory`, which may itself be under /tmp: once /tmp
     # is covered, only the working directory still leads there.
     back = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
@@ -133,6 +205,8 @@ def isolate(directory: Path) -> None:
             f"cannot mount a tmpfs on {SHM}",
             libc.mount(b"tmpfs", SHM.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options),
         )
+    for each in kept:
+        each.bind(libc)
 
 
 def _ids(text: str) -> list[int]:
@@ -145,22 +219,36 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gid", type=int, required=True)
     parser.add_argument("--groups", type=_ids, default=[])
     parser.add_argument("--tmp", type=Path, required=True)
+    parser.add_argument("--keep", type=Path, action="append", default=[])
     parser.add_argument("then", nargs="+")
     arguments = parser.parse_args(argv)
-    step = "cannot set up"
     try:
-        isolate(arguments.tmp)
-        step = f"cannot become uid {arguments.uid} (gid {arguments.gid})"
+        isolate(arguments.tmp, tuple(arguments.keep))
+    except OSError as error:
+        print(f"xr sandbox: {error.strerror}", file=sys.stderr, flush=True)
+        return SETUP_FAILED
+    try:
         os.setgroups(arguments.groups)
         os.setgid(arguments.gid)
         os.setuid(arguments.uid)
-        os.umask(UMASK)
-        step = f"cannot run {arguments.then[0]}"
+    except OSError as error:
+        print(
+            f"xr sandbox: cannot become uid {arguments.uid} (gid {arguments.gid}): "
+            f"{error.strerror}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return SETUP_FAILED
+    os.umask(UMASK)
+    try:
         os.execvp(arguments.then[0], arguments.then)
     except OSError as error:
-        said = error.strerror if step == "cannot set up" else f"{step}: {error.strerror}"
-        print(f"xr sandbox: {said}", file=sys.stderr, flush=True)
-    return SETUP_FAILED  # execvp returns only by raising
+        print(
+            f"xr sandbox: cannot run {arguments.then[0]}: {error.strerror}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return EXEC_FAILED  # execvp returns only by raising
 
 
 if __name__ == "__main__":

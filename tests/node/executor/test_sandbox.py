@@ -4,7 +4,6 @@ jobs on one node, is in test_job_user.py."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import subprocess
@@ -17,9 +16,8 @@ import pytest
 
 from node.config import ConfigError
 from node.executor import sandbox
-from node.executor.executor import Executor, worker_environment
-from node.executor.job_user import check, lookup
-from tests.node.executor.test_executor import _config
+from node.executor.executor import worker_environment
+from node.executor.job_user import check, kept_paths, lookup
 
 # Run as the sandboxed user: where its files go, who it is, what it may do.
 _PROBE = """
@@ -91,7 +89,7 @@ def test_a_sandbox_that_cannot_be_set_up__runs_nothing_and_says_why(sandboxes: P
     done = subprocess.run(
         nobody.sandboxed(directory, ["/no/such/program"]), capture_output=True, text=True
     )
-    assert done.returncode == sandbox.SETUP_FAILED
+    assert done.returncode == sandbox.EXEC_FAILED
     assert "cannot run /no/such/program: No such file or directory" in done.stderr
 
 
@@ -106,8 +104,8 @@ def test_the_start_up_check_names_the_setting_when_workers_cannot_be_sandboxed(
     monkeypatch.setattr(
         sandbox,
         "command",
-        lambda python, uid, gid, groups, directory, then: command(
-            python, uid, gid, groups, directory / "never-made", then
+        lambda python, uid, gid, groups, directory, then, keep: command(
+            python, uid, gid, groups, directory / "never-made", then, keep
         ),
     )
     with pytest.raises(
@@ -127,20 +125,59 @@ def test_the_start_up_check_names_the_setting_when_workers_cannot_be_sandboxed(
     assert list(sandboxes.iterdir()) == []
 
 
-def test_a_checkpoint_directory_under_tmp__is_refused_with_private_tmp(tmp_path: Path) -> None:
-    """Sandboxed workers would not see it (they have /tmp of their own)."""
-    checkpoints = Path("/tmp") / f"xr-test-{os.getpid()}" / "checkpoints"
-    config = _config(
-        tmp_path,
-        **{"executor.job_user": "nobody", "executor.checkpoint_dir": str(checkpoints)},
+def test_paths_under_tmp_it_must_see_are_kept__reached_as_on_the_host(sandboxes: Path) -> None:
+    """xr's code, the interpreter or the checkpoint directory under /tmp (a checkout there, a
+    test's directories) would be hidden by the worker's own /tmp: they are bound back, under
+    directories with the host's owners and modes, so the user reaches each as it would outside
+    (here: reads through a 0755 directory, not through a 0700 one, and writes only where it
+    may), and sees nothing else of the host's /tmp."""
+    nobody = lookup("nobody")
+    host = Path(tempfile.mkdtemp(prefix="xr-test-kept-"))  # under /tmp, 0700
+    try:
+        host.chmod(0o755)
+        (host / "open").mkdir(mode=0o755)
+        (host / "open" / "code").write_text("code")
+        (host / "closed").mkdir(mode=0o700)
+        (host / "closed" / "secret").write_text("secret")
+        (host / "beside").write_text("not kept")
+        keep = (host / "open", host / "closed", Path("/etc"))
+        directory = sandboxes / "attempt-3"
+        sandbox.make_directories(directory)
+        probe = (
+            f"cat {host}/open/code; echo; cat {host}/closed/secret || echo refused; "
+            f"cat {host}/beside || echo missing; touch {host}/open/new || echo read-only; "
+            "ls -A /tmp"
+        )
+        done = subprocess.run(
+            nobody.sandboxed(directory, ["/bin/sh", "-c", probe], keep),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            "code",
+            "refused",
+            "missing",
+            "read-only",
+            host.name,
+        ]
+        assert not (host / "open" / "new").exists()
+    finally:
+        shutil.rmtree(host, ignore_errors=True)
+
+
+def test_kept_paths_are_the_code_the_interpreter_and_checkpoints_under_private_directories(
+    tmp_path: Path,
+) -> None:
+    python = tmp_path / "venv" / "bin" / "python"
+    environment = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "code"), "/usr/lib/xr"])}
+    assert kept_paths(str(python), environment, tmp_path / "checkpoints") == (
+        tmp_path / "code",
+        tmp_path / "venv",
+        tmp_path / "checkpoints",
     )
-    with pytest.raises(
-        ConfigError,
-        match=rf"setting executor\.checkpoint_dir: {checkpoints} is under /tmp, of which each "
-        r"worker has its own with executor\.private_tmp: move it, or set",
-    ):
-        asyncio.run(Executor(config, store=None).prepare())  # type: ignore[arg-type]
-    assert not checkpoints.exists()
+    assert kept_paths("/usr/bin/python3", {}, Path("/var/lib/xr/checkpoints")) == ()
     assert sandbox.covered_by(Path("/var/tmp/x")) == "/var/tmp"
     assert sandbox.covered_by(Path("/dev/shm")) == "/dev/shm"
     assert sandbox.covered_by(Path("/var/lib/xr/checkpoints")) is None
