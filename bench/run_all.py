@@ -105,6 +105,13 @@ BENCHMARKS = (
         "os.fdatasync in line, alternating in the same run (io_uring only with liburing installed)",
     ),
     Benchmark(
+        "sandbox",
+        ("bench/sandbox.py", "--starts", "30", "--rounds", "3"),
+        120,
+        "the same namespace and mounts made by util-linux's unshare, mount and setpriv, and a"
+        " plain start as the user, alternating in the same run (root only)",
+    ),
+    Benchmark(
         "failover",
         ("bench/failover.py", "--trials", "3"),
         240,

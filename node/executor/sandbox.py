@@ -17,20 +17,24 @@ Each `--keep` path the new mounts would hide (xr's code, the interpreter, the ch
 directory, when they are under /tmp) is bound back at the same place, in directories made with
 the owners and modes of the host's, so the user reaches it exactly as it would outside.
 
-It is run with `-I -S` and imports the standard library alone: it runs as root, and must not
-import anything from a path a job's user could write to. A failure before COMMAND starts is one
-line on stderr (the task's log) and exit status `SETUP_FAILED`; COMMAND that cannot be executed,
-`EXEC_FAILED`.
+It is run with `-I -S` and imports `os`, `stat`, `sys` and `ctypes` alone: it runs as root, and
+must not import anything from a path a job's user could write to; and every worker's start pays
+for its imports (no `argparse` or `pathlib`: they tripled it, `bench/sandbox.py`). A failure
+before COMMAND starts is one line on stderr (the task's log) and exit status `SETUP_FAILED`;
+COMMAND that cannot be executed, `EXEC_FAILED`.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import stat
 import sys
-from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from pathlib import Path
 
 __all__ = [
     "EXEC_FAILED",
@@ -65,19 +69,19 @@ def command(
     python: str,
     uid: int,
     gid: int,
-    groups: tuple[int, ...],
+    groups: Iterable[int],
     directory: Path,
     then: list[str],
-    keep: tuple[Path, ...] = (),
+    keep: Iterable[Path] = (),
 ) -> list[str]:
     """The command line that runs `then` in a sandbox over `directory` as the given user,
     keeping `keep` in sight; `python` runs this file, as root: the node's interpreter."""
-    kept = [argument for path in keep for argument in ("--keep", str(path))]
+    kept = [argument for path in keep for argument in ("--keep", os.fspath(path))]
     return [
         python,
         "-I",
         "-S",
-        str(Path(__file__).resolve()),
+        os.path.realpath(__file__),
         "--uid",
         str(uid),
         "--gid",
@@ -85,19 +89,23 @@ def command(
         "--groups",
         ",".join(map(str, groups)),
         "--tmp",
-        str(directory),
+        os.fspath(directory),
         *kept,
         "--",
         *then,
     ]
 
 
-def covered_by(path: Path) -> str | None:
+def _under(path: str, point: str) -> bool:
+    return os.path.commonpath([path, point]) == point
+
+
+def covered_by(path: Path | str) -> str | None:
     """The mount point a sandboxed worker has its own of (so sees none of the host's files
     under it) that `path` lies under, if any."""
-    resolved = path.resolve()
+    resolved = os.path.realpath(path)
     for point in (*(target for _, target in BINDS), SHM):
-        if resolved.is_relative_to(Path(point).resolve()):
+        if _under(resolved, os.path.realpath(point)):
             return point
     return None
 
@@ -105,10 +113,11 @@ def covered_by(path: Path) -> str | None:
 def make_directories(directory: Path) -> None:
     """Makes an attempt's directories under `directory` (itself in a directory of root's alone,
     so no other process reaches them by path), each mode 1777 as /tmp is."""
-    directory.mkdir()
+    os.mkdir(directory)
     for name, _ in BINDS:
-        (directory / name).mkdir()
-        (directory / name).chmod(0o1777)
+        made = os.path.join(directory, name)
+        os.mkdir(made)
+        os.chmod(made, 0o1777)
 
 
 def _libc_call(what: str, result: int) -> None:
@@ -121,32 +130,33 @@ class _Kept:
     """A path to bind back over the new mounts: an open handle on it, and the owners and modes
     of the directories from its mount point down, read before they are covered."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path.resolve()
-        point = Path(covered_by(self.path) or "/").resolve()
-        self.levels = [
-            (level, os.stat(level))
-            for level in reversed(self.path.parents)
-            if level.is_relative_to(point) and level != point
-        ]
-        self.is_dir = self.path.is_dir()
-        self.handle = os.open(self.path, os.O_PATH | os.O_CLOEXEC)
+    def __init__(self, path: str) -> None:
+        self.path = path
+        point = os.path.realpath(covered_by(path) or "/")
+        self.levels = []
+        level = os.path.dirname(path)
+        while level != point and _under(level, point):
+            self.levels.append((level, os.stat(level)))
+            level = os.path.dirname(level)
+        self.levels.reverse()
+        self.is_dir = os.path.isdir(path)
+        self.handle = os.open(path, os.O_PATH | os.O_CLOEXEC)
 
     def bind(self, libc: ctypes.CDLL) -> None:
         for level, status in self.levels:
-            if not level.exists():
+            if not os.path.exists(level):
                 os.mkdir(level)
                 os.chown(level, status.st_uid, status.st_gid)
                 os.chmod(level, stat.S_IMODE(status.st_mode))
         if self.is_dir:
-            self.path.mkdir(exist_ok=True)
+            os.makedirs(self.path, exist_ok=True)
         else:
-            self.path.touch(exist_ok=True)
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         _libc_call(
             f"cannot keep {self.path}",
             libc.mount(
                 f"/proc/self/fd/{self.handle}".encode(),
-                bytes(self.path),
+                self.path.encode(),
                 None,
                 _MS_BIND | _MS_REC,
                 None,
@@ -155,7 +165,7 @@ class _Kept:
         os.close(self.handle)
 
 
-def isolate(directory: Path, keep: tuple[Path, ...] = ()) -> None:
+def isolate(directory: str, keep: Iterable[str] = ()) -> None:
     """Moves this process into a mount namespace of its own with the attempt's directories on
     /tmp and /var/tmp, a new tmpfs on /dev/shm and the `keep` paths among them bound back (see
     the module's text). Mount points this machine does not have are left out."""
@@ -174,11 +184,11 @@ def isolate(directory: Path, keep: tuple[Path, ...] = ()) -> None:
     # Opened in the new namespace (a bind's source must be one of its mounts), before they are
     # covered. Outermost first; one inside another comes with it.
     kept: list[_Kept] = []
-    for path in sorted({path.resolve() for path in keep}, key=lambda path: len(path.parts)):
+    for path in sorted({os.path.realpath(path) for path in keep}, key=len):
         if (
             covered_by(path)
-            and path.exists()
-            and not any(path.is_relative_to(k.path) for k in kept)
+            and os.path.exists(path)
+            and not any(_under(path, other.path) for other in kept)
         ):
             kept.append(_Kept(path))
     # The sources by a path relative to `directory`, which may itself be under /tmp: once /tmp
@@ -192,7 +202,7 @@ def isolate(directory: Path, keep: tuple[Path, ...] = ()) -> None:
         for name, target in BINDS:
             if os.path.isdir(target):
                 _libc_call(
-                    f"cannot mount {directory / name} on {target}",
+                    f"cannot mount {os.path.join(directory, name)} on {target}",
                     libc.mount(name.encode(), target.encode(), None, _MS_BIND, None),
                 )
         os.fchdir(back)
@@ -209,45 +219,61 @@ def isolate(directory: Path, keep: tuple[Path, ...] = ()) -> None:
         each.bind(libc)
 
 
-def _ids(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part]
+_USAGE = "usage: sandbox.py --uid U --gid G [--groups G1,G2] --tmp DIR [--keep PATH]... -- COMMAND"
+
+
+def _parse(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """(options, kept paths, command) from the command line `command` makes; ValueError."""
+    options: dict[str, str] = {"--groups": ""}
+    keep: list[str] = []
+    position = 0
+    while position < len(argv) and argv[position] != "--":
+        name = argv[position]
+        if name not in ("--uid", "--gid", "--groups", "--tmp", "--keep"):
+            raise ValueError(f"unknown option {name!r}")
+        if position + 1 >= len(argv):
+            raise ValueError(f"{name} needs a value")
+        if name == "--keep":
+            keep.append(argv[position + 1])
+        else:
+            options[name] = argv[position + 1]
+        position += 2
+    then = argv[position + 1 :]
+    missing = [name for name in ("--uid", "--gid", "--tmp") if name not in options]
+    if missing or not then:
+        raise ValueError(f"missing {', '.join(missing) or 'the command'}")
+    return options, keep, then
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="sandbox.py")
-    parser.add_argument("--uid", type=int, required=True)
-    parser.add_argument("--gid", type=int, required=True)
-    parser.add_argument("--groups", type=_ids, default=[])
-    parser.add_argument("--tmp", type=Path, required=True)
-    parser.add_argument("--keep", type=Path, action="append", default=[])
-    parser.add_argument("then", nargs="+")
-    arguments = parser.parse_args(argv)
     try:
-        isolate(arguments.tmp, tuple(arguments.keep))
+        options, keep, then = _parse(argv)
+        uid, gid = int(options["--uid"]), int(options["--gid"])
+        groups = [int(part) for part in options["--groups"].split(",") if part]
+    except ValueError as error:
+        print(f"xr sandbox: {error}\n{_USAGE}", file=sys.stderr, flush=True)
+        return SETUP_FAILED
+    try:
+        isolate(options["--tmp"], keep)
     except OSError as error:
         print(f"xr sandbox: {error.strerror}", file=sys.stderr, flush=True)
         return SETUP_FAILED
     try:
-        os.setgroups(arguments.groups)
-        os.setgid(arguments.gid)
-        os.setuid(arguments.uid)
+        os.setgroups(groups)
+        os.setgid(gid)
+        os.setuid(uid)
     except OSError as error:
         print(
-            f"xr sandbox: cannot become uid {arguments.uid} (gid {arguments.gid}): "
-            f"{error.strerror}",
+            f"xr sandbox: cannot become uid {uid} (gid {gid}): {error.strerror}",
             file=sys.stderr,
             flush=True,
         )
         return SETUP_FAILED
     os.umask(UMASK)
     try:
-        os.execvp(arguments.then[0], arguments.then)
+        os.execvp(then[0], then)
     except OSError as error:
-        print(
-            f"xr sandbox: cannot run {arguments.then[0]}: {error.strerror}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"xr sandbox: cannot run {then[0]}: {error.strerror}", file=sys.stderr, flush=True)
     return EXEC_FAILED  # execvp returns only by raising
 
 
