@@ -204,10 +204,26 @@ async def waiting_slot(request: web.Request) -> AsyncIterator[None]:
 
 
 def wait_s(request: web.Request, requested_s: float) -> float:
-    maximum_s = services(request).config.http.wait_max_s
-    if not 0 <= requested_s <= maximum_s:
-        raise InvalidArgument(f"wait_s must be between 0 and {maximum_s}, got {requested_s}")
-    return requested_s
+    """The wait a request asked for (`wait_s`, seconds), at most `http.wait_max_s`. A lock wait
+    or a long poll may always end sooner than asked (an event, the node stopping), so a longer
+    one is served as the longest this node allows rather than refused (as Consul serves its
+    blocking queries): the answer says the wait ended, and a client that wants longer asks
+    again, as xr's client does. Refused: a negative or not-a-number wait."""
+    if not requested_s >= 0:
+        raise InvalidArgument(f"wait_s must be a number of seconds, 0 or more, got {requested_s}")
+    return min(requested_s, services(request).config.http.wait_max_s)
+
+
+def query_wait_s(request: web.Request) -> float:
+    """`wait_s` from the query string (default 0), as `wait_s` serves it."""
+    text = request.query.get("wait_s")
+    if text is None:
+        return 0.0
+    try:
+        requested_s = float(text)
+    except ValueError:
+        raise InvalidArgument(f"query parameter wait_s must be a number, got {text!r}") from None
+    return wait_s(request, requested_s)
 
 
 # Middleware.

@@ -9,11 +9,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from node.api.app import principal, read, services, wait_s, waiting_slot, write
+from node.api.app import principal, query_wait_s, read, services, waiting_slot, write
 from node.api.auth import Principal
 from node.api.wire import (
     field,
-    query_float,
     query_int,
     query_text,
     read_body,
@@ -100,11 +99,7 @@ async def get(request: web.Request) -> web.Response:
     """`?wait_s=S` waits up to S seconds for the job to finish before answering."""
     caller = principal(request)
     job_id = _job_id(request)
-    node = services(request)
-    waited_s = wait_s(
-        request,
-        query_float(request, "wait_s", default=0.0, low=0.0, high=node.config.http.wait_max_s),
-    )
+    waited_s = query_wait_s(request)
     result = await read(request, lambda machine: jobs.get(machine, job_id))
     view = _owned(caller, job_id, result.value)
     if waited_s > 0 and not _finished(view):

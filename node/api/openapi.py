@@ -10,10 +10,10 @@ The document is built from three tables, so adding a route means adding a row:
 - `OPERATIONS`: one row per route: its parameters, body, answer and the errors it can answer
   besides those every authenticated operation can (`_COMMON_ERRORS`).
 
-Bounds that come from the node's configuration (`wait_s`, the body size) are filled in from the
-configuration of the node that serves the document. Tests check that the document is valid
-OpenAPI 3.1, that its operations are exactly the application's routes, and that real answers
-match their schemas.
+Bounds that come from the node's configuration (the longest `wait_s`, in its descriptions; the
+body size) are filled in from the configuration of the node that serves the document. Tests
+check that the document is valid OpenAPI 3.1, that its operations are exactly the
+application's routes, and that real answers match their schemas.
 """
 
 from __future__ import annotations
@@ -359,8 +359,16 @@ def _ui_state() -> dict[str, Any]:
     }
 
 
+def _waited(wait_max_s: float) -> str:
+    """What every `wait_s` description adds: this node's longest wait (`node.api.app.wait_s`)."""
+    return (
+        f" At most {wait_max_s:g} s are waited (this node's http.wait_max_s): a longer wait is "
+        "served as that, and the answer says the wait ended; ask again to wait on."
+    )
+
+
 def _schemas(*, wait_max_s: float) -> dict[str, Any]:
-    wait = {"type": "number", "minimum": 0, "maximum": wait_max_s}
+    wait = {"type": "number", "minimum": 0}
     return {
         "Error": _object(
             {
@@ -460,7 +468,8 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
                 "wait_s": {
                     **wait,
                     "default": 0,
-                    "description": "Wait up to this long in FIFO order when the lock is held.",
+                    "description": "Wait up to this long in FIFO order when the lock is held."
+                    + _waited(wait_max_s),
                 },
             },
             required=("session_id",),
@@ -739,7 +748,7 @@ def _parameters(*, wait_max_s: float) -> dict[str, Any]:
         "maximum": limits.RANGE_LIMIT_MAX,
         "default": 100,
     }
-    wait = {"type": "number", "minimum": 0, "maximum": wait_max_s, "default": 0}
+    wait = {"type": "number", "minimum": 0, "default": 0}
     return {
         "key": _path(
             "key",
@@ -796,10 +805,14 @@ def _parameters(*, wait_max_s: float) -> dict[str, Any]:
             "Compare-and-delete: the key's current mod revision; 409 kv.compare_failed otherwise.",
         ),
         "job_wait_s": _query(
-            "wait_s", wait, "Wait up to this long for the job to finish before answering."
+            "wait_s",
+            wait,
+            "Wait up to this long for the job to finish before answering." + _waited(wait_max_s),
         ),
         "watch_wait_s": _query(
-            "wait_s", wait, "Wait up to this long for a change when there is none yet."
+            "wait_s",
+            wait,
+            "Wait up to this long for a change when there is none yet." + _waited(wait_max_s),
         ),
         "from_revision": _query(
             "from_revision",

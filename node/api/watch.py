@@ -18,10 +18,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from node.api.app import principal, read, services, wait_s, waiting_slot
+from node.api.app import principal, query_wait_s, read, services, waiting_slot
 from node.api.auth import Principal
 from node.api.kv import key_view
-from node.api.wire import query_float, query_int, query_text, respond, write_to_stream
+from node.api.wire import query_int, query_text, respond, write_to_stream
 from xrcore import StateMachine, kv
 from xrcore.errors import CapacityExceeded, InvalidArgument, XrError
 
@@ -112,11 +112,7 @@ async def watch(request: web.Request) -> web.StreamResponse:
         return await _stream(request, caller, prefix, start)
     limit = query_int(request, "limit", default=100, low=1, high=1000)
     assert limit is not None
-    node = services(request)
-    waited_s = wait_s(
-        request,
-        query_float(request, "wait_s", default=0.0, low=0.0, high=node.config.http.wait_max_s),
-    )
+    waited_s = query_wait_s(request)
     result = await read(request, lambda machine: _collect(machine, prefix, start, limit))
     events, next_revision, revision = result.value
     if not events and waited_s > 0:

@@ -397,3 +397,60 @@ def test_regions_cluster_and_health(healthy: LocalCluster) -> None:
             assert health.ready and health.region == "r0"
 
     asyncio.run(scenario())
+
+
+def test_a_node_that_waits_less_than_the_client_asks__serves_its_long_polls(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The client long-polls 20 s at a time (and a lock wait asks for the caller's whole wait);
+    a node whose `http.wait_max_s` is 1 s refused those with 400 until it served each as its
+    longest wait. Now the client asks again while its own wait lasts: a watch sees a put made
+    after a few polls, a job wait times out when the caller's timeout ends, and a lock wait longer
+    than the node's is granted when the holder lets go."""
+    local = LocalCluster(
+        tmp_path_factory.mktemp("short-waits"), size=1, settings={"http.wait_max_s": "1"}
+    )
+    try:
+        local.start()
+        with Client(local.urls) as client, Client(local.urls) as rival:
+            start = client.kv.range("short/").revision + 1
+            seen: list[WatchEvent] = []
+
+            def watch() -> None:
+                async def first() -> None:
+                    async with AsyncClient(local.urls) as watcher:
+                        stream = watcher.kv.watch("short/", from_revision=start)
+                        seen.append(await anext(stream))
+                        await stream.aclose()
+
+                asyncio.run(first())
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            time.sleep(2.5)  # more than two of the node's longest waits
+            client.kv.put("short/key", "v")
+            watcher.join(WAIT_S)
+            assert [(event.kind, event.key) for event in seen] == [("put", "short/key")]
+
+            # A job allowed only in a region there is not stays pending.
+            job_id = client.jobs.submit(name="short", workload="w", regions_allow=["nowhere"])
+            with pytest.raises(Timeout):
+                client.jobs.wait(job_id, timeout_s=2.5)
+            job = client.jobs.get(job_id)
+            assert job is not None and job.state == "pending"
+
+            with client.lock("short-lock", ttl_s=10) as lease:
+                granted: list[int] = []
+
+                def wait_for_it() -> None:
+                    with rival.lock("short-lock", ttl_s=10, wait_s=WAIT_S) as other:
+                        granted.append(other.token)
+
+                waiter = threading.Thread(target=wait_for_it)
+                waiter.start()
+                time.sleep(2.5)
+                assert not granted
+            waiter.join(WAIT_S)
+            assert granted and granted[0] > lease.token
+    finally:
+        local.kill()

@@ -89,8 +89,8 @@ __all__ = [
 # What a call raises when the cluster could not answer it in time: a long-lived loop retries
 # these (with the same position) until its outage allowance runs out.
 OUTAGE_ERRORS = (ClusterUnavailable, Timeout, LeaderChanged, UnknownOutcome)
-# The longest one long poll asks the server to wait (the server allows up to http.wait_max_s,
-# 60 s by default); a loop of polls waits longer.
+# The longest one long poll asks the server to wait (a node waits at most its http.wait_max_s,
+# 60 s by default, and answers that the wait ended); a loop of polls waits longer.
 POLL_S = 20.0
 # Keys per page of `kv.list` and events per long poll of `kv.watch`.
 PAGE_LIMIT = 100
