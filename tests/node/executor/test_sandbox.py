@@ -19,6 +19,8 @@ from node.executor import sandbox
 from node.executor.executor import worker_environment
 from node.executor.job_user import check, kept_paths, lookup
 
+ROOT = Path(__file__).resolve().parents[3]
+
 # Run as the sandboxed user: where its files go, who it is, what it may do.
 _PROBE = """
 name=$1
@@ -181,3 +183,29 @@ def test_kept_paths_are_the_code_the_interpreter_and_checkpoints_under_private_d
     assert sandbox.covered_by(Path("/var/tmp/x")) == "/var/tmp"
     assert sandbox.covered_by(Path("/dev/shm")) == "/dev/shm"
     assert sandbox.covered_by(Path("/var/lib/xr/checkpoints")) is None
+
+
+def test_a_node_that_may_not_make_mount_namespaces__is_refused_naming_the_setting(
+    tmp_path: Path,
+) -> None:
+    """As in a container without CAP_SYS_ADMIN (here: root with it out of the bounding set, by
+    util-linux's setpriv), `xr node run --check` says what to allow or set; with
+    `executor.private_tmp = false` that check is not made."""
+    command = ["setpriv", "--bounding-set", "-sys_admin", "--", sys.executable, "-m", "node.cli"]
+    command += ["node", "run", "--check", "--region", "r0", "--data-dir", str(tmp_path)]
+    command += ["--raft-address", "127.0.0.1:7001", "--set", "executor.job_user=nobody"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        "setting executor.private_tmp: this node cannot start workers as 'nobody' with /tmp of "
+        "their own (xr sandbox: cannot make a mount namespace: Operation not permitted): let it "
+        "make mount namespaces" in done.stderr
+    )
+    done = subprocess.run(
+        [*command, "--set", "executor.private_tmp=false"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert "private_tmp" not in done.stderr
