@@ -202,32 +202,31 @@ def _check_files(config: NodeConfig) -> None:
 
     from node.executor.checkpoints import tenant_area
     from node.executor.executor import worker_environment
-    from node.executor.job_user import check, lookup
+    from node.executor.job_user import Check, check_all, lookup
 
-    users = (
+    named = (
         []
         if config.executor.job_user is None
         else [("executor.job_user", "", config.executor.job_user)]
     )
-    users += [
+    named += [
         ("executor.tenant_users", tenant_area(tenant), name)
         for tenant, name in config.executor.tenant_users.items()
     ]
+    checks = [
+        Check(lookup(name, setting=setting), setting, config.checkpoint_dir / area)
+        for setting, area, name in named
+    ]
     sandboxes = None
-    if users and config.executor.private_tmp:
+    if checks and config.executor.private_tmp:
         sandboxes = Path(tempfile.mkdtemp(prefix="xr-check-"))
     try:
-        for setting, area, name in users:
-            user = lookup(name, setting=setting)
-            check(
-                user,
-                python=config.executor.python or sys.executable,
-                environment=worker_environment(user),
-                checkpoint_dir=config.checkpoint_dir / area,
-                make_directory=False,
-                setting=setting,
-                sandboxes=sandboxes,
-            )
+        check_all(
+            checks,
+            python=config.executor.python or sys.executable,
+            environment_of=worker_environment,
+            sandboxes=sandboxes,
+        )
     finally:
         if sandboxes is not None:
             shutil.rmtree(sandboxes, ignore_errors=True)

@@ -48,8 +48,10 @@ from node.config import ENV_PREFIX, ConfigError, NodeConfig
 from node.executor import protocol, sandbox
 from node.executor.checkpoints import tenant_area
 from node.executor.job_user import (
+    Check,
     JobUser,
     check,
+    check_all,
     kept_paths,
     lookup,
     prepare_area,
@@ -229,19 +231,18 @@ class Executor:
                 make_directory=True,
                 sandboxes=self.sandboxes,
             )
+        checks = []
         for tenant, user in self.tenant_users.items():
             area = self.config.checkpoint_dir / tenant_area(tenant)
             await asyncio.to_thread(prepare_area, area, user, own=True)
-            await asyncio.to_thread(
-                check,
-                user,
-                python=self.python,
-                environment=worker_environment(user),
-                checkpoint_dir=area,
-                make_directory=False,
-                setting="executor.tenant_users",
-                sandboxes=self.sandboxes,
-            )
+            checks.append(Check(user, "executor.tenant_users", area))
+        await asyncio.to_thread(
+            check_all,
+            checks,
+            python=self.python,
+            environment_of=worker_environment,
+            sandboxes=self.sandboxes,
+        )
 
     def _user_of(self, tenant: str) -> tuple[JobUser | None, bool]:
         """The OS user a tenant's jobs run as (None: the node's), and whether it is the

@@ -38,7 +38,9 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +49,16 @@ from node.config import ConfigError
 from node.executor import sandbox
 from raftstore.files import fsync_directory
 
-__all__ = ["JobUser", "check", "kept_paths", "lookup", "prepare_area", "require_root"]
+__all__ = [
+    "Check",
+    "JobUser",
+    "check",
+    "check_all",
+    "kept_paths",
+    "lookup",
+    "prepare_area",
+    "require_root",
+]
 
 # How long the check's process may take (it imports the worker, NumPy among its dependencies).
 CHECK_TIMEOUT_S = 60.0
@@ -147,8 +158,8 @@ def check(
     options = user.spawn_options()
     private = None
     if sandboxes is not None:
-        private = sandboxes / f"check-{user.uid}"
-        shutil.rmtree(private, ignore_errors=True)
+        # A directory of its own: checks run at once (`check_all`), two of one user among them.
+        private = Path(tempfile.mkdtemp(prefix="check-", dir=sandboxes)) / "attempt"
         sandbox.make_directories(private)
         keep = kept_paths(python, environment, checkpoint_dir)
         argv, options = user.sandboxed(private, argv, keep), {}
@@ -180,7 +191,7 @@ def check(
         ) from None
     finally:
         if private is not None:
-            shutil.rmtree(private, ignore_errors=True)
+            shutil.rmtree(private.parent, ignore_errors=True)
     said = done.stderr.decode(errors="replace").strip().splitlines()
     if private is not None and done.returncode == sandbox.SETUP_FAILED:
         raise ConfigError(
@@ -203,6 +214,46 @@ def check(
             f"{prefix} cannot start a worker with executor.python {python!r}: "
             + (said[-1] if said else f"exit status {done.returncode}")
         )
+
+
+# Users checked at once (`check_all`): each check starts an interpreter that imports the worker.
+CHECKS_AT_ONCE = 4
+
+
+@dataclass(frozen=True)
+class Check:
+    """A user to check (`check`), named by `setting`, over the directory it must write in."""
+
+    user: JobUser
+    setting: str
+    checkpoint_dir: Path
+
+
+def check_all(
+    checks: Sequence[Check],
+    *,
+    python: str,
+    environment_of: Callable[[JobUser], Mapping[str, str]],
+    sandboxes: Path | None,
+) -> None:
+    """`check` for each (nothing made), `CHECKS_AT_ONCE` at a time; the ConfigError of the first
+    in order that fails, so the same configuration always names the same user."""
+    with ThreadPoolExecutor(max_workers=CHECKS_AT_ONCE, thread_name_prefix="xr-check") as pool:
+        running = [
+            pool.submit(
+                check,
+                each.user,
+                python=python,
+                environment=environment_of(each.user),
+                checkpoint_dir=each.checkpoint_dir,
+                make_directory=False,
+                setting=each.setting,
+                sandboxes=sandboxes,
+            )
+            for each in checks
+        ]
+    for done in running:
+        done.result()
 
 
 def require_root(setting: str) -> None:

@@ -32,7 +32,7 @@ from node.config import ConfigError, hash_token
 from node.daemon import Node
 from node.executor.checkpoints import tenant_area
 from node.executor.executor import Executor, worker_environment
-from node.executor.job_user import JobUser, check, lookup, prepare_area
+from node.executor.job_user import Check, JobUser, check, check_all, lookup, prepare_area
 from tests.node.executor.test_executor import _Api, _config, _run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -167,6 +167,42 @@ def test_a_checkpoint_directory_the_job_user_cannot_write__is_refused_and_a_miss
     )
     info = made.stat()
     assert (info.st_uid, info.st_gid, stat.S_ISDIR(info.st_mode)) == (user.uid, user.gid, True)
+
+
+def test_users_are_checked_at_once_and_the_first_failure_in_order_is_named(
+    open_dir: Path, nobodys_python: str, sandboxes: Path
+) -> None:
+    """`check_all` (tenants' users at start, every user at `--check`): several checks of one
+    user, sandboxed, at once, each in a directory of its own; of two that fail, the first in
+    order is named however the two end."""
+    nobody, daemon = _nobody(), lookup("daemon")
+    fine = open_dir / "fine"
+    fine.mkdir()
+    os.chown(fine, nobody.uid, nobody.gid)
+    taken = [open_dir / "taken-1", open_dir / "taken-2"]
+    for path in taken:
+        path.mkdir(mode=0o755)
+    ok = [Check(nobody, "executor.tenant_users", fine) for _ in range(6)]
+    check_all(ok, python=nobodys_python, environment_of=worker_environment, sandboxes=sandboxes)
+    assert list(sandboxes.iterdir()) == []
+    failing = [
+        *ok[:2],
+        Check(daemon, "executor.tenant_users", taken[0]),
+        *ok[:2],
+        Check(nobody, "executor.job_user", taken[1]),
+    ]
+    for _ in range(3):
+        with pytest.raises(
+            ConfigError,
+            match=rf"executor\.tenant_users: 'daemon' cannot write in the checkpoint directory "
+            rf"{taken[0]} ",
+        ):
+            check_all(
+                failing,
+                python=nobodys_python,
+                environment_of=worker_environment,
+                sandboxes=sandboxes,
+            )
 
 
 def test_a_job_runs_as_the_job_user__cannot_read_the_nodes_secret_and_checkpoints(

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,6 @@ grep CapEff /proc/self/status
 ls -A /tmp; ls -A /dev/shm
 stat -c %a /tmp/$name
 """
-
-
-@pytest.fixture()
-def sandboxes() -> Iterator[Path]:
-    """A directory of root's alone, as the executor makes (`Executor.prepare`)."""
-    path = Path(tempfile.mkdtemp(prefix="xr-test-sandboxes-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_sandboxed_process_has_its_own_tmp_var_tmp_and_shm_as_the_user_without_capabilities(
