@@ -197,12 +197,10 @@ def _check_files(config: NodeConfig) -> None:
             ) from None
     if not config.executor.enabled:
         return
-    import shutil
-    import tempfile
-
     from node.executor.checkpoints import tenant_area
     from node.executor.executor import worker_environment
     from node.executor.job_user import Check, check_all, lookup
+    from node.executor.sandbox_root import SandboxRoot
 
     named = (
         []
@@ -217,19 +215,17 @@ def _check_files(config: NodeConfig) -> None:
         Check(lookup(name, setting=setting), setting, config.checkpoint_dir / area)
         for setting, area, name in named
     ]
-    sandboxes = None
-    if checks and config.executor.private_tmp:
-        sandboxes = Path(tempfile.mkdtemp(prefix="xr-check-"))
+    root = SandboxRoot("xr-check-") if checks and config.executor.private_tmp else None
     try:
         check_all(
             checks,
             python=config.executor.python or sys.executable,
             environment_of=worker_environment,
-            sandboxes=sandboxes,
+            sandboxes=None if root is None else root.path,
         )
     finally:
-        if sandboxes is not None:
-            shutil.rmtree(sandboxes, ignore_errors=True)
+        if root is not None:
+            root.close()
 
 
 def effective_settings(config: NodeConfig, path: Path | None) -> list[tuple[str, str, str]]:

@@ -37,7 +37,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from node.executor.job_user import (
     prepare_area,
     require_root,
 )
+from node.executor.sandbox_root import SandboxRoot
 from raftstore.store import RaftStore
 from xrcore.commands import (
     Command,
@@ -179,7 +179,9 @@ class Executor:
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         # Where attempts' private /tmp and /var/tmp are made (`executor.private_tmp`): a
-        # directory of root's alone, made by `prepare` when workers run as another user.
+        # directory of root's alone, made by `prepare` when workers run as another user
+        # (`sandbox_root`: one a crashed node left is removed then).
+        self._sandbox_root: SandboxRoot | None = None
         self.sandboxes: Path | None = None
         # What of the host's /tmp they still see (`job_user.kept_paths`).
         self.kept: tuple[Path, ...] = ()
@@ -202,17 +204,19 @@ class Executor:
             self.kept = kept_paths(
                 self.python, worker_environment(None), self.config.checkpoint_dir
             )
-            self.sandboxes = Path(
-                await asyncio.to_thread(tempfile.mkdtemp, prefix=f"xr-{self.region}-jobs-")
-            )
+            self._sandbox_root = await asyncio.to_thread(SandboxRoot, f"xr-{self.region}-jobs-")
+            self.sandboxes = self._sandbox_root.path
         try:
             await self._prepare_users()
         except BaseException:
             # The node does not start: nothing is left behind.
-            if self.sandboxes is not None:
-                await asyncio.to_thread(shutil.rmtree, self.sandboxes, ignore_errors=True)
-                self.sandboxes = None
+            await self._remove_sandboxes()
             raise
+
+    async def _remove_sandboxes(self) -> None:
+        if self._sandbox_root is not None:
+            await asyncio.to_thread(self._sandbox_root.close)
+            self._sandbox_root = self.sandboxes = None
 
     async def _prepare_users(self) -> None:
         if self.job_user is None:
@@ -268,8 +272,7 @@ class Executor:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.sandboxes is not None:
-            await asyncio.to_thread(shutil.rmtree, self.sandboxes, ignore_errors=True)
+        await self._remove_sandboxes()
 
     # Claiming.
 

@@ -379,7 +379,7 @@ def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_workers_or_tempo
             # Alpha's /tmp and /var/tmp are its attempt's directories; its /dev/shm is in no
             # directory of the host's. Beta's attempt's went when it ended.
             attempts = await apis["alpha"].until(
-                lambda: asyncio.to_thread(lambda: list(sandboxes[0].iterdir())),
+                lambda: asyncio.to_thread(lambda: list(sandboxes[0].glob("attempt-*"))),
                 lambda found: len(found) == 1,
             )
             for name in ("tmp", "var-tmp"):
