@@ -238,6 +238,10 @@ class ExecutorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # false where the node may not make them (a container without CAP_SYS_ADMIN); the node's
     # start-up check says so.
     private_tmp: bool = True
+    # With private_tmp, each worker's /dev/shm (a tmpfs of its own) holds at most this many
+    # bytes (rounded up to whole pages), as Docker's --shm-size. Default: as much as the
+    # machine's /dev/shm, for each worker (their pages count against the node's cgroup).
+    shm_bytes_max: int | None = None
     # The Python interpreter that runs the workers. Default: the node's own. With job_user, one
     # that user can run and import xr and its dependencies with.
     python: str | None = None
@@ -713,6 +717,8 @@ def _check_executor(executor: ExecutorConfig) -> None:
                 f"setting executor.tenant_users: there is no user {user!r} (tenant {tenant!r}) "
                 "on this machine"
             ) from None
+    if executor.shm_bytes_max is not None:
+        _check_positive("executor.shm_bytes_max", executor.shm_bytes_max)
     if executor.python is not None and not executor.python:
         raise ConfigError(
             "setting executor.python: must not be empty (leave it out for the node's)"

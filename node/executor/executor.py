@@ -467,7 +467,7 @@ class Executor:
             if private is not None and user is not None:
                 await asyncio.to_thread(sandbox.make_directories, private)
                 # The sandbox switches to the user after its mounts, and sets the umask.
-                command = user.sandboxed(private, command, self.kept)
+                command = user.sandboxed(private, command, self.kept, self.settings.shm_bytes_max)
                 options = {}
                 environment["TMPDIR"] = "/tmp"
             attempt.process = await asyncio.create_subprocess_exec(

@@ -91,12 +91,18 @@ class JobUser:
         the user, with its own groups and none of the node's."""
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
-    def sandboxed(self, directory: Path, then: list[str], keep: tuple[Path, ...] = ()) -> list[str]:
+    def sandboxed(
+        self,
+        directory: Path,
+        then: list[str],
+        keep: tuple[Path, ...] = (),
+        shm_bytes: int | None = None,
+    ) -> list[str]:
         """The command line that runs `then` as the user with /tmp, /var/tmp and /dev/shm of
-        its own (`node.executor.sandbox`, over `directory`, `keep` kept in sight), to be
-        started as root."""
+        its own (`node.executor.sandbox`, over `directory`, `keep` kept in sight, a /dev/shm of
+        `shm_bytes` or the host's size), to be started as root."""
         return sandbox.command(
-            sys.executable, self.uid, self.gid, self.groups, directory, then, keep
+            sys.executable, self.uid, self.gid, self.groups, directory, then, keep, shm_bytes
         )
 
 

@@ -3,15 +3,17 @@
 
 The node, as root, runs this file in place of the worker's command (`command` below):
 
-    python -I -S sandbox.py --uid U --gid G --groups G1,G2 --tmp DIR [--keep PATH]... -- COMMAND...
+    python -I -S sandbox.py --uid U --gid G --groups G1,G2 --tmp DIR [--shm-size BYTES]
+        [--keep PATH]... -- COMMAND...
 
 It makes a mount namespace, turns every mount in it private (nothing mounted here shows on the
 host), binds DIR/tmp on /tmp and DIR/var-tmp on /var/tmp (the attempt's directories: the node
 makes them and removes them when the attempt ends) and mounts a new tmpfs on /dev/shm, as large
-as the host's; then becomes the user (groups, gid, uid: the switch from root drops every
-capability), sets the umask to 077 and executes COMMAND in its own place, so the worker keeps
-the process id the node signals. A job then sees no other job's files in those directories,
-cannot plant files there for another job to find, and leaves nothing behind in them.
+as the host's or BYTES (`executor.shm_bytes_max`); then becomes the user (groups, gid, uid: the
+switch from root drops every capability), sets the umask to 077 and executes COMMAND in its own
+place, so the worker keeps the process id the node signals. A job then sees no other job's files
+in those directories, cannot plant files there for another job to find, and leaves nothing
+behind in them.
 
 Each `--keep` path the new mounts would hide (xr's code, the interpreter, the checkpoint
 directory, when they are under /tmp) is bound back at the same place, in directories made with
@@ -73,10 +75,14 @@ def command(
     directory: Path,
     then: list[str],
     keep: Iterable[Path] = (),
+    shm_bytes: int | None = None,
 ) -> list[str]:
     """The command line that runs `then` in a sandbox over `directory` as the given user,
-    keeping `keep` in sight; `python` runs this file, as root: the node's interpreter."""
+    keeping `keep` in sight, with a /dev/shm of `shm_bytes` (None: the host's size); `python`
+    runs this file, as root: the node's interpreter."""
     kept = [argument for path in keep for argument in ("--keep", os.fspath(path))]
+    if shm_bytes is not None:
+        kept = ["--shm-size", str(shm_bytes), *kept]
     return [
         python,
         "-I",
@@ -165,10 +171,11 @@ class _Kept:
         os.close(self.handle)
 
 
-def isolate(directory: str, keep: Iterable[str] = ()) -> None:
+def isolate(directory: str, keep: Iterable[str] = (), shm_bytes: int | None = None) -> None:
     """Moves this process into a mount namespace of its own with the attempt's directories on
-    /tmp and /var/tmp, a new tmpfs on /dev/shm and the `keep` paths among them bound back (see
-    the module's text). Mount points this machine does not have are left out."""
+    /tmp and /var/tmp, a new tmpfs on /dev/shm (of `shm_bytes`, else as large as the host's)
+    and the `keep` paths among them bound back (see the module's text). Mount points this
+    machine does not have are left out."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [
         ctypes.c_char_p,
@@ -209,8 +216,10 @@ def isolate(directory: str, keep: Iterable[str] = ()) -> None:
     finally:
         os.close(back)
     if os.path.isdir(SHM):
-        host = os.statvfs(SHM)
-        options = f"mode=1777,size={host.f_blocks * host.f_frsize}".encode()
+        if shm_bytes is None:
+            host = os.statvfs(SHM)
+            shm_bytes = host.f_blocks * host.f_frsize
+        options = f"mode=1777,size={shm_bytes}".encode()
         _libc_call(
             f"cannot mount a tmpfs on {SHM}",
             libc.mount(b"tmpfs", SHM.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options),
@@ -219,7 +228,10 @@ def isolate(directory: str, keep: Iterable[str] = ()) -> None:
         each.bind(libc)
 
 
-_USAGE = "usage: sandbox.py --uid U --gid G [--groups G1,G2] --tmp DIR [--keep PATH]... -- COMMAND"
+_USAGE = (
+    "usage: sandbox.py --uid U --gid G [--groups G1,G2] --tmp DIR [--shm-size BYTES] "
+    "[--keep PATH]... -- COMMAND"
+)
 
 
 def _parse(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
@@ -229,7 +241,7 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
     position = 0
     while position < len(argv) and argv[position] != "--":
         name = argv[position]
-        if name not in ("--uid", "--gid", "--groups", "--tmp", "--keep"):
+        if name not in ("--uid", "--gid", "--groups", "--tmp", "--shm-size", "--keep"):
             raise ValueError(f"unknown option {name!r}")
         if position + 1 >= len(argv):
             raise ValueError(f"{name} needs a value")
@@ -250,11 +262,14 @@ def main(argv: list[str]) -> int:
         options, keep, then = _parse(argv)
         uid, gid = int(options["--uid"]), int(options["--gid"])
         groups = [int(part) for part in options["--groups"].split(",") if part]
+        shm_bytes = int(options["--shm-size"]) if "--shm-size" in options else None
+        if shm_bytes is not None and shm_bytes <= 0:
+            raise ValueError(f"--shm-size must be more than 0, not {shm_bytes}")
     except ValueError as error:
         print(f"xr sandbox: {error}\n{_USAGE}", file=sys.stderr, flush=True)
         return SETUP_FAILED
     try:
-        isolate(options["--tmp"], keep)
+        isolate(options["--tmp"], keep, shm_bytes)
     except OSError as error:
         print(f"xr sandbox: {error.strerror}", file=sys.stderr, flush=True)
         return SETUP_FAILED

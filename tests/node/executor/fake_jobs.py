@@ -128,7 +128,7 @@ def probe_other_tenant(ctx: JobContext) -> dict[str, Any]:
     """What this job can do to another tenant's: list its checkpoint area `ctx.args["area"]`,
     write a file there, signal the other workers running on the node (signal 0, which only
     asks whether it may), and read each file of `ctx.args["peek"]` ("read", "refused" or
-    "missing", under "peeked")."""
+    "missing", under "peeked"); and the size of its /dev/shm ("shm_bytes")."""
     area = ctx.args["area"]
     seen: dict[str, Any] = {"peeked": {}}
     for path in ctx.args.get("peek", []):
@@ -163,5 +163,11 @@ def probe_other_tenant(ctx: JobContext) -> dict[str, Any]:
             refused += 1
         except OSError:
             continue
-    seen.update(signalled=signalled, refused=refused, uid=os.getuid())
+    shm = os.statvfs("/dev/shm")
+    seen.update(
+        signalled=signalled,
+        refused=refused,
+        uid=os.getuid(),
+        shm_bytes=shm.f_blocks * shm.f_frsize,
+    )
     return seen

@@ -283,6 +283,7 @@ def test_a_node_whose_jobs_cannot_run_as_the_job_user__does_not_start(tmp_path: 
 # A user per tenant (`executor.tenant_users`): alpha's jobs run as nobody, beta's as daemon.
 TENANT_TOKENS = {"alpha": "alpha-token-for-the-tests", "beta": "beta-token-for-the-tests"}
 TENANT_USERS = {"alpha": "nobody", "beta": "daemon"}
+SHM_BYTES = 16 << 20
 
 
 def _run_as_tenants(
@@ -346,7 +347,8 @@ def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_workers_or_tempo
     `executor.private_tmp` (the default) each attempt has its own /tmp, /var/tmp and /dev/shm,
     so beta's job finds none of them, even as the same user; without, they are in the
     machine's, where the same user reads them (the control) and another is refused (the
-    workers' umask is 077)."""
+    workers' umask is 077). With a user per tenant, `executor.shm_bytes_max` is set: beta's
+    /dev/shm is that size, or the machine's itself without `private_tmp`."""
     checkpoints = open_dir / "checkpoints"
     area = checkpoints / tenant_area("alpha")
     mark = f"xr-test-{os.getpid()}-{time.monotonic_ns()}"
@@ -367,6 +369,10 @@ def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_workers_or_tempo
         held = await apis["alpha"].get(f"/v1/jobs/{holder}")
         assert held["tasks"][0]["state"] == "running"
         peeked = set(seen["peeked"].values())
+        host = os.statvfs("/dev/shm")
+        assert seen["shm_bytes"] == (
+            SHM_BYTES if users == "a user per tenant" else host.f_blocks * host.f_frsize
+        ), seen
         if shared_tmp:
             assert node.executor.sandboxes is None
             for path in left:
@@ -408,6 +414,8 @@ def test_a_tenants_job_cannot_reach_another_tenants_checkpoints_workers_or_tempo
         settings["executor.job_user"] = "nobody"
     if users.startswith("a user per tenant"):
         settings["executor.tenant_users"] = ",".join(f"{t}={u}" for t, u in TENANT_USERS.items())
+        # Beta's /dev/shm is this size where it has its own; the machine's where not.
+        settings["executor.shm_bytes_max"] = str(SHM_BYTES)
     if users == "a user for beta alone":
         settings["executor.tenant_users"] = f"beta={TENANT_USERS['beta']}"
     if shared_tmp:

@@ -62,6 +62,52 @@ def test_a_sandboxed_process_has_its_own_tmp_var_tmp_and_shm_as_the_user_without
     assert str(directory) not in Path("/proc/self/mountinfo").read_text()
 
 
+# Run as the sandboxed user: the size of its /dev/shm, then whether 5 and then 4 more MiB fit.
+_FILL_SHM = """
+df -B1 --output=size /dev/shm | tail -n 1
+head -c 5242880 /dev/zero > /dev/shm/five && echo five
+head -c 4194304 /dev/zero > /dev/shm/four && echo four
+"""
+
+
+def test_a_sandboxs_shm_holds_as_much_as_it_is_given__the_hosts_size_by_default(
+    sandboxes: Path,
+) -> None:
+    """`executor.shm_bytes_max`: each worker's /dev/shm is a tmpfs of that size; without it,
+    of the host's /dev/shm's size."""
+    nobody = lookup("nobody")
+    host = os.statvfs("/dev/shm")
+    for number, (size, fits) in enumerate([(8 << 20, ["five"]), (None, ["five", "four"])], start=1):
+        directory = sandboxes / f"attempt-{number}"
+        sandbox.make_directories(directory)
+        done = subprocess.run(
+            nobody.sandboxed(directory, ["/bin/sh", "-c", _FILL_SHM], shm_bytes=size),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        said = done.stdout.split()
+        assert int(said[0]) == (host.f_blocks * host.f_frsize if size is None else size), said
+        assert said[1:] == fits, done.stderr
+        if size is not None:
+            assert "No space left on device" in done.stderr
+
+
+def test_a_sandbox_given_a_size_of_nothing__runs_nothing(sandboxes: Path) -> None:
+    nobody = lookup("nobody")
+    directory = sandboxes / "attempt-1"
+    sandbox.make_directories(directory)
+    done = subprocess.run(
+        nobody.sandboxed(directory, ["/bin/touch", str(sandboxes / "ran")], shm_bytes=0),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == sandbox.SETUP_FAILED
+    assert done.stderr.startswith("xr sandbox: --shm-size must be more than 0, not 0\nusage:")
+    assert not (sandboxes / "ran").exists()
+
+
 def test_a_sandbox_that_cannot_be_set_up__runs_nothing_and_says_why(sandboxes: Path) -> None:
     nobody = lookup("nobody")
     ran = sandboxes / "ran"
@@ -95,8 +141,8 @@ def test_the_start_up_check_names_the_setting_when_workers_cannot_be_sandboxed(
     monkeypatch.setattr(
         sandbox,
         "command",
-        lambda python, uid, gid, groups, directory, then, keep: command(
-            python, uid, gid, groups, directory / "never-made", then, keep
+        lambda python, uid, gid, groups, directory, then, keep, shm_bytes=None: command(
+            python, uid, gid, groups, directory / "never-made", then, keep, shm_bytes
         ),
     )
     with pytest.raises(
