@@ -40,16 +40,16 @@ ui-deps:
 	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)); \
 	else echo "chromium missing and not root: the dashboard's browser test will be skipped"; fi
 
-# jepsen-lite's system tools: nftables (partitions inside network namespaces) and libfaketime
-# (clock faults). Installed from Debian when missing and running as root (CI); otherwise the
+# jepsen-lite's system tools: nftables (partitions inside network namespaces), iproute2 (the
+# namespaces and links; bench/sandbox.py's reference too) and libfaketime (clock faults). Installed from Debian when missing and running as root (CI); otherwise the
 # harness says what it lacks and its tests fall back or skip.
 jepsen-deps:
-	@if command -v nft >/dev/null && command -v faketime >/dev/null; then :; \
+	@if command -v nft >/dev/null && command -v faketime >/dev/null && command -v ip >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing nftables and faketime for jepsen-lite"; \
-	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables faketime >/dev/null 2>&1 || \
-	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables faketime >/dev/null)); \
-	else echo "jepsen-lite: nftables or faketime missing and not root: partition and clock runs will be skipped"; fi
+	  echo "installing nftables, iproute2 and faketime for jepsen-lite"; \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 faketime >/dev/null 2>&1 || \
+	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 faketime >/dev/null)); \
+	else echo "jepsen-lite: nftables, iproute2 or faketime missing and not root: partition and clock runs will be skipped"; fi
 
 # The jepsen-lite matrix: every workload under every nemesis on 5 nodes (about an hour).
 JEPSEN_TIME ?= 60

@@ -1,6 +1,6 @@
 """What a worker's sandbox (`executor.private_tmp`) adds to starting it.
 
-Each start runs `/bin/true` as `nobody` and waits for it to end, four ways, alternating round by
+Each start runs `/bin/true` as `nobody` and waits for it to end, six ways, alternating round by
 round in the same run:
 
 - **plain**: `subprocess` switches to the user itself (what a worker got before the sandbox, and
@@ -10,12 +10,16 @@ round in the same run:
 - **util-linux**: the same namespace and mounts made by the system's tools, the reference:
   `unshare --mount --propagation private` running `sh -c 'mount --bind ... && mount --bind ...
   && mount -t tmpfs ... && exec setpriv --reuid ... --regid ... --init-groups /bin/true'`;
+- **xr sandbox + network** and **util-linux + network**: the same two with a network namespace
+  of loopback alone (`executor.private_network`; util-linux's `unshare --net` and iproute2's
+  `ip link set lo up`);
 - **worker import**: for scale, what every worker does anyway before its job starts:
   `python -c "import node.executor.worker"` (the interpreter and NumPy loading; as root, since
   the user may not be able to run the node's interpreter, and the import costs the same).
 
 Printed: the median wall time of a start per way, and the ratios of the xr sandbox to plain, to
-util-linux and to the worker's import; the last line is JSON. Root only (the node starts
+util-linux and to the worker's import, and of the xr sandbox with a network to util-linux's with
+one and to the xr sandbox without; the last line is JSON. Root only (the node starts
 sandboxed workers as root).
 
 Run: `sudo python bench/sandbox.py [--starts 40] [--rounds 3]`.
@@ -81,9 +85,13 @@ def main(argv: list[str] | None = None) -> int:
             "sandbox: must run as root (the node starts sandboxed workers as root)", file=sys.stderr
         )
         return 2
-    missing = [tool for tool in ("unshare", "setpriv", "mount") if shutil.which(tool) is None]
+    tools = ("unshare", "setpriv", "mount", "ip")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
-        print(f"sandbox: the reference needs util-linux's {', '.join(missing)}", file=sys.stderr)
+        print(
+            f"sandbox: the reference needs {', '.join(missing)} (util-linux, iproute2)",
+            file=sys.stderr,
+        )
         return 2
     user = lookup(USER)
     entry = pwd.getpwnam(USER)
@@ -99,21 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     def plain() -> None:
         _run([TRUE], **user.spawn_options())
 
-    def xr_sandbox() -> None:
-        _run(user.sandboxed(fresh(), [TRUE]))
+    def xr_sandbox(network: bool = False) -> None:
+        _run(user.sandboxed(fresh(), [TRUE], network=network))
 
-    def util_linux() -> None:
+    def util_linux(network: bool = False) -> None:
         directory = fresh()
         script = (
+            ("ip link set lo up && " if network else "")
             # /var/tmp first: the directories are under /tmp, which the second bind covers.
-            'mount --bind "$1/var-tmp" /var/tmp && mount --bind "$1/tmp" /tmp && '
+            + 'mount --bind "$1/var-tmp" /var/tmp && mount --bind "$1/tmp" /tmp && '
             "mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /dev/shm && "
             f"exec setpriv --reuid {entry.pw_uid} --regid {entry.pw_gid} --init-groups {TRUE}"
         )
+        namespaces = ["--mount", "--net"] if network else ["--mount"]
         _run(
             [
                 "unshare",
-                "--mount",
+                *namespaces,
                 "--propagation",
                 "private",
                 "sh",
@@ -135,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         "plain": plain,
         "xr sandbox": xr_sandbox,
         "util-linux": util_linux,
+        "xr sandbox + network": lambda: xr_sandbox(network=True),
+        "util-linux + network": lambda: util_linux(network=True),
         "worker import": worker_import,
     }
     times: dict[str, list[float]] = {name: [] for name in ways}
@@ -163,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         "plain": medians["xr sandbox"] / medians["plain"],
         "util-linux": medians["xr sandbox"] / medians["util-linux"],
         "worker import": medians["xr sandbox"] / medians["worker import"],
+        "network / util-linux": medians["xr sandbox + network"] / medians["util-linux + network"],
+        "network / none": medians["xr sandbox + network"] / medians["xr sandbox"],
     }
     print()
     print("| way | median ms a start | starts |")
@@ -175,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         f"its extra {medians['xr sandbox'] - medians['plain']:.2f} ms is "
         f"{(medians['xr sandbox'] - medians['plain']) / medians['worker import']:.0%} of a "
         "worker's import"
+    )
+    print(
+        f"with a network of its own: xr sandbox / util-linux {ratio['network / util-linux']:.2f}x; "
+        f"{medians['xr sandbox + network'] - medians['xr sandbox']:.2f} ms more than without "
+        f"({ratio['network / none']:.2f}x)"
     )
     print(
         json.dumps(

@@ -222,6 +222,7 @@ def _check_files(config: NodeConfig) -> None:
             python=config.executor.python or sys.executable,
             environment_of=worker_environment,
             sandboxes=None if root is None else root.path,
+            network=config.executor.private_network,
         )
     finally:
         if root is not None:

@@ -242,6 +242,11 @@ class ExecutorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # bytes (rounded up to whole pages), as Docker's --shm-size. Default: as much as the
     # machine's /dev/shm, for each worker (their pages count against the node's cgroup).
     shm_bytes_max: int | None = None
+    # With private_tmp, workers started as job_user or a tenant's user also get a network of
+    # their own: loopback alone, so no connection leaves the worker, not to another machine,
+    # not to the node's API or Raft ports, not to another job (docs/security.md, "Network").
+    # For jobs that need no network; the node needs CAP_NET_ADMIN too.
+    private_network: bool = False
     # The Python interpreter that runs the workers. Default: the node's own. With job_user, one
     # that user can run and import xr and its dependencies with.
     python: str | None = None
@@ -719,6 +724,14 @@ def _check_executor(executor: ExecutorConfig) -> None:
             ) from None
     if executor.shm_bytes_max is not None:
         _check_positive("executor.shm_bytes_max", executor.shm_bytes_max)
+    if executor.private_network and not (
+        executor.private_tmp and (executor.job_user or executor.tenant_users)
+    ):
+        raise ConfigError(
+            "setting executor.private_network: applies to workers started as executor.job_user "
+            "or a user of executor.tenant_users, with executor.private_tmp (the same sandbox): "
+            "set those, or leave it false"
+        )
     if executor.python is not None and not executor.python:
         raise ConfigError(
             "setting executor.python: must not be empty (leave it out for the node's)"

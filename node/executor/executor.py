@@ -234,6 +234,7 @@ class Executor:
                 checkpoint_dir=self.config.checkpoint_dir,
                 make_directory=True,
                 sandboxes=self.sandboxes,
+                network=self.settings.private_network,
             )
         checks = []
         for tenant, user in self.tenant_users.items():
@@ -246,6 +247,7 @@ class Executor:
             python=self.python,
             environment_of=worker_environment,
             sandboxes=self.sandboxes,
+            network=self.settings.private_network,
         )
 
     def _user_of(self, tenant: str) -> tuple[JobUser | None, bool]:
@@ -467,7 +469,13 @@ class Executor:
             if private is not None and user is not None:
                 await asyncio.to_thread(sandbox.make_directories, private)
                 # The sandbox switches to the user after its mounts, and sets the umask.
-                command = user.sandboxed(private, command, self.kept, self.settings.shm_bytes_max)
+                command = user.sandboxed(
+                    private,
+                    command,
+                    self.kept,
+                    self.settings.shm_bytes_max,
+                    self.settings.private_network,
+                )
                 options = {}
                 environment["TMPDIR"] = "/tmp"
             attempt.process = await asyncio.create_subprocess_exec(

@@ -97,12 +97,22 @@ class JobUser:
         then: list[str],
         keep: tuple[Path, ...] = (),
         shm_bytes: int | None = None,
+        network: bool = False,
     ) -> list[str]:
         """The command line that runs `then` as the user with /tmp, /var/tmp and /dev/shm of
         its own (`node.executor.sandbox`, over `directory`, `keep` kept in sight, a /dev/shm of
-        `shm_bytes` or the host's size), to be started as root."""
+        `shm_bytes` or the host's size; with `network`, a network of its own, loopback alone),
+        to be started as root."""
         return sandbox.command(
-            sys.executable, self.uid, self.gid, self.groups, directory, then, keep, shm_bytes
+            sys.executable,
+            self.uid,
+            self.gid,
+            self.groups,
+            directory,
+            then,
+            keep,
+            shm_bytes,
+            network,
         )
 
 
@@ -136,11 +146,13 @@ def check(
     make_directory: bool,
     setting: str = "executor.job_user",
     sandboxes: Path | None = None,
+    network: bool = False,
 ) -> None:
     """ConfigError naming what stops jobs from running as `user`; see the module's text. With
     `make_directory`, a checkpoint directory that does not exist is made and given to the user;
     without, it is left out of the check. With `sandboxes` (`executor.private_tmp`), the check's
-    process starts as the workers do, in a sandbox over a directory made there."""
+    process starts as the workers do, in a sandbox over a directory made there, with a network
+    of its own if `network` (`executor.private_network`)."""
     prefix = f"setting {setting}: {user.name!r}"
     require_root(setting)
     where = "-"
@@ -168,7 +180,7 @@ def check(
         private = Path(tempfile.mkdtemp(prefix="check-", dir=sandboxes)) / "attempt"
         sandbox.make_directories(private)
         keep = kept_paths(python, environment, checkpoint_dir)
-        argv, options = user.sandboxed(private, argv, keep), {}
+        argv, options = user.sandboxed(private, argv, keep, network=network), {}
     try:
         done = subprocess.run(
             argv,
@@ -200,6 +212,13 @@ def check(
             shutil.rmtree(private.parent, ignore_errors=True)
     said = done.stderr.decode(errors="replace").strip().splitlines()
     if private is not None and done.returncode == sandbox.SETUP_FAILED:
+        if network and said and any(error in said[-1] for error in sandbox.NETWORK_ERRORS):
+            raise ConfigError(
+                f"setting executor.private_network: this node cannot start workers as "
+                f"{user.name!r} with a network of their own ({said[-1]}): let it make network "
+                'namespaces (docs/security.md, "Network") or set '
+                "executor.private_network = false"
+            )
         raise ConfigError(
             f"setting executor.private_tmp: this node cannot start workers as {user.name!r} with "
             f"/tmp of their own ({said[-1] if said else 'no reason given'}): let it make mount "
@@ -241,6 +260,7 @@ def check_all(
     python: str,
     environment_of: Callable[[JobUser], Mapping[str, str]],
     sandboxes: Path | None,
+    network: bool = False,
 ) -> None:
     """`check` for each (nothing made), `CHECKS_AT_ONCE` at a time; the ConfigError of the first
     in order that fails, so the same configuration always names the same user."""
@@ -255,6 +275,7 @@ def check_all(
                 make_directory=False,
                 setting=each.setting,
                 sandboxes=sandboxes,
+                network=network,
             )
             for each in checks
         ]

@@ -4,7 +4,7 @@
 The node, as root, runs this file in place of the worker's command (`command` below):
 
     python -I -S sandbox.py --uid U --gid G --groups G1,G2 --tmp DIR [--shm-size BYTES]
-        [--keep PATH]... -- COMMAND...
+        [--network loopback] [--keep PATH]... -- COMMAND...
 
 It makes a mount namespace, turns every mount in it private (nothing mounted here shows on the
 host), binds DIR/tmp on /tmp and DIR/var-tmp on /var/tmp (the attempt's directories: the node
@@ -14,6 +14,12 @@ switch from root drops every capability), sets the umask to 077 and executes COM
 place, so the worker keeps the process id the node signals. A job then sees no other job's files
 in those directories, cannot plant files there for another job to find, and leaves nothing
 behind in them.
+
+With `--network loopback` (`executor.private_network`) it makes a network namespace too, with
+its loopback interface up and nothing else: no connection leaves it, whether to another machine
+or to a port on this machine's loopback (the node's API and Raft ports, another job's server),
+and abstract Unix sockets outside are out of reach. It comes before the switch of user, while
+the process still has the capabilities to make it.
 
 Each `--keep` path the new mounts would hide (xr's code, the interpreter, the checkpoint
 directory, when they are under /tmp) is bound back at the same place, in directories made with
@@ -40,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXEC_FAILED",
+    "NETWORK_ERRORS",
     "SETUP_FAILED",
     "UMASK",
     "command",
@@ -54,12 +61,23 @@ SETUP_FAILED = 125
 EXEC_FAILED = 126
 # The worker's umask: files a job makes are its user's alone unless it opens them up itself.
 UMASK = 0o077
+# How a failure to give the process a network of its own begins (`--network loopback`).
+NETWORK_ERRORS = ("cannot make a network namespace", "cannot bring up the loopback interface")
 # Where each directory of the attempt's is mounted.
 BINDS = (("tmp", "/tmp"), ("var-tmp", "/var/tmp"))
 SHM = "/dev/shm"
 
 # <sched.h> and <sys/mount.h>.
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWNET = 0x40000000
+# <sys/socket.h>, <linux/sockios.h> and <net/if.h>: the loopback interface's flags.
+_AF_INET = 2
+_SOCK_DGRAM = 2
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_IFREQ_BYTES = 40
+_IFR_FLAGS = slice(16, 18)
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
 _MS_BIND = 0x1000
@@ -76,11 +94,15 @@ def command(
     then: list[str],
     keep: Iterable[Path] = (),
     shm_bytes: int | None = None,
+    network: bool = False,
 ) -> list[str]:
     """The command line that runs `then` in a sandbox over `directory` as the given user,
-    keeping `keep` in sight, with a /dev/shm of `shm_bytes` (None: the host's size); `python`
-    runs this file, as root: the node's interpreter."""
+    keeping `keep` in sight, with a /dev/shm of `shm_bytes` (None: the host's size) and, with
+    `network`, a network of its own (loopback alone); `python` runs this file, as root: the
+    node's interpreter."""
     kept = [argument for path in keep for argument in ("--keep", os.fspath(path))]
+    if network:
+        kept = ["--network", "loopback", *kept]
     if shm_bytes is not None:
         kept = ["--shm-size", str(shm_bytes), *kept]
     return [
@@ -171,11 +193,17 @@ class _Kept:
         os.close(self.handle)
 
 
-def isolate(directory: str, keep: Iterable[str] = (), shm_bytes: int | None = None) -> None:
+def isolate(
+    directory: str,
+    keep: Iterable[str] = (),
+    shm_bytes: int | None = None,
+    network: bool = False,
+) -> None:
     """Moves this process into a mount namespace of its own with the attempt's directories on
     /tmp and /var/tmp, a new tmpfs on /dev/shm (of `shm_bytes`, else as large as the host's)
     and the `keep` paths among them bound back (see the module's text). Mount points this
-    machine does not have are left out."""
+    machine does not have are left out. With `network`, a network namespace of its own with
+    the loopback interface alone, up."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [
         ctypes.c_char_p,
@@ -226,11 +254,33 @@ def isolate(directory: str, keep: Iterable[str] = (), shm_bytes: int | None = No
         )
     for each in kept:
         each.bind(libc)
+    if network:
+        _libc_call(NETWORK_ERRORS[0], libc.unshare(_CLONE_NEWNET))
+        _loopback_up(libc)
+
+
+def _loopback_up(libc: ctypes.CDLL) -> None:
+    """Brings up the loopback interface of this process's network namespace (a new one has
+    it down; up, it has 127.0.0.1 and ::1)."""
+    what = NETWORK_ERRORS[1]
+    handle = libc.socket(_AF_INET, _SOCK_DGRAM, 0)
+    if handle < 0:
+        _libc_call(what, handle)
+    try:
+        request = ctypes.create_string_buffer(b"lo", _IFREQ_BYTES)
+        _libc_call(what, libc.ioctl(handle, _SIOCGIFFLAGS, request))
+        raw = bytearray(request.raw)
+        flags = int.from_bytes(raw[_IFR_FLAGS], sys.byteorder) | _IFF_UP
+        raw[_IFR_FLAGS] = flags.to_bytes(2, sys.byteorder)
+        request = ctypes.create_string_buffer(bytes(raw), _IFREQ_BYTES)
+        _libc_call(what, libc.ioctl(handle, _SIOCSIFFLAGS, request))
+    finally:
+        os.close(handle)
 
 
 _USAGE = (
     "usage: sandbox.py --uid U --gid G [--groups G1,G2] --tmp DIR [--shm-size BYTES] "
-    "[--keep PATH]... -- COMMAND"
+    "[--network loopback] [--keep PATH]... -- COMMAND"
 )
 
 
@@ -241,7 +291,7 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
     position = 0
     while position < len(argv) and argv[position] != "--":
         name = argv[position]
-        if name not in ("--uid", "--gid", "--groups", "--tmp", "--shm-size", "--keep"):
+        if name not in ("--uid", "--gid", "--groups", "--tmp", "--shm-size", "--network", "--keep"):
             raise ValueError(f"unknown option {name!r}")
         if position + 1 >= len(argv):
             raise ValueError(f"{name} needs a value")
@@ -265,11 +315,14 @@ def main(argv: list[str]) -> int:
         shm_bytes = int(options["--shm-size"]) if "--shm-size" in options else None
         if shm_bytes is not None and shm_bytes <= 0:
             raise ValueError(f"--shm-size must be more than 0, not {shm_bytes}")
+        network = options.get("--network", "host")
+        if network not in ("host", "loopback"):
+            raise ValueError(f"--network must be host or loopback, not {network!r}")
     except ValueError as error:
         print(f"xr sandbox: {error}\n{_USAGE}", file=sys.stderr, flush=True)
         return SETUP_FAILED
     try:
-        isolate(options["--tmp"], keep, shm_bytes)
+        isolate(options["--tmp"], keep, shm_bytes, network == "loopback")
     except OSError as error:
         print(f"xr sandbox: {error.strerror}", file=sys.stderr, flush=True)
         return SETUP_FAILED

@@ -18,12 +18,20 @@ def test_times_every_way_and_prints_the_sandbox_over_each() -> None:
         "plain",
         "xr sandbox",
         "util-linux",
+        "xr sandbox + network",
+        "util-linux + network",
         "worker import",
     ]
     figures = json.loads(lines[-1])
     assert figures["benchmark"] == "sandbox" and figures["starts"] == 4
     assert all(value > 0 for value in figures["median_ms"].values())
-    assert set(figures["ratio"]) == {"plain", "util-linux", "worker import"}
+    assert set(figures["ratio"]) == {
+        "plain",
+        "util-linux",
+        "worker import",
+        "network / util-linux",
+        "network / none",
+    }
 
 
 def test_bad_arguments_are_refused_without_a_traceback() -> None:

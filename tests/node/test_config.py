@@ -68,6 +68,15 @@ def test_round_trip_times_come_as_region_equals_milliseconds() -> None:
         ({"scheduler.move_aside": "sometimes"}, "scheduler.move_aside"),
         ({"executor.shm_bytes_max": "0"}, "executor.shm_bytes_max: must be positive"),
         ({"executor.shm_bytes_max": "64MiB"}, "executor.shm_bytes_max"),
+        ({"executor.private_network": "true"}, "executor.private_network: applies to workers"),
+        (
+            {
+                "executor.private_network": "true",
+                "executor.job_user": "nobody",
+                "executor.private_tmp": "false",
+            },
+            "executor.private_network: applies to workers",
+        ),
         # Absurd but finite: durations over a year, counts over 2^53, an empty data_dir.
         ({"http.wait_max_s": "1e308"}, "http.wait_max_s: must be at most 31536000 s"),
         ({"executor.retry_backoff_max_s": "31536001"}, "executor.retry_backoff_max_s"),

@@ -6,6 +6,7 @@ Entrypoints: `tests.node.executor.fake_jobs:NAME`.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -171,3 +172,21 @@ def probe_other_tenant(ctx: JobContext) -> dict[str, Any]:
         shm_bytes=shm.f_blocks * shm.f_frsize,
     )
     return seen
+
+
+def probe_network(ctx: JobContext) -> dict[str, Any]:
+    """What network this job has: its interfaces, whether it can connect to a server of its own
+    on 127.0.0.1, and what connecting to each port of `ctx.args["ports"]` on 127.0.0.1 gives
+    ("reached" or the error's name)."""
+    with open("/proc/net/dev") as devices:
+        interfaces = sorted(line.split(":")[0].strip() for line in devices.readlines()[2:])
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        socket.create_connection(server.getsockname(), timeout=5).close()
+    reached = {}
+    for port in ctx.args["ports"]:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            reached[str(port)] = "reached"
+        except OSError as error:
+            reached[str(port)] = type(error).__name__
+    return {"interfaces": interfaces, "reached": reached}

@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import shutil
-import site
 import stat
 import subprocess
 import sys
@@ -33,14 +32,24 @@ from node.daemon import Node
 from node.executor.checkpoints import tenant_area
 from node.executor.executor import Executor, worker_environment
 from node.executor.job_user import Check, JobUser, check, check_all, lookup, prepare_area
+from node.localcluster import free_ports
 from tests.node.executor.test_executor import _Api, _config, _run
 
 ROOT = Path(__file__).resolve().parents[3]
-SYSTEM_PYTHON = "/usr/bin/python3.11"
 
 
 def _nobody() -> JobUser:
     return lookup("nobody")
+
+
+def _as_nobody(python: str, open_dir: Path) -> dict[str, str]:
+    """Settings of a node whose jobs run as `nobody` with `python`, over checkpoints in
+    `open_dir`."""
+    return {
+        "executor.job_user": "nobody",
+        "executor.python": python,
+        "executor.checkpoint_dir": str(open_dir / "checkpoints"),
+    }
 
 
 @pytest.fixture()
@@ -52,28 +61,6 @@ def open_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture()
-def nobodys_python(monkeypatch: pytest.MonkeyPatch) -> str:
-    """An interpreter `nobody` can run xr's worker with (see the module's text)."""
-    packages = ":".join(site.getsitepackages())
-    monkeypatch.setenv("PYTHONPATH", packages)
-    environment = worker_environment(_nobody())
-    try:
-        done = subprocess.run(
-            [SYSTEM_PYTHON, "-c", "import node.executor.worker"],
-            env=environment,
-            capture_output=True,
-            timeout=60,
-            **_nobody().spawn_options(),
-        )
-    except OSError as error:
-        pytest.skip(f"no interpreter nobody can run here ({SYSTEM_PYTHON}: {error.strerror})")
-    if done.returncode != 0:
-        last = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
-        pytest.skip(f"nobody cannot import xr's worker with {SYSTEM_PYTHON} here: {last}")
-    return SYSTEM_PYTHON
 
 
 def test_an_unknown_job_user_is_refused_when_the_configuration_loads(tmp_path: Path) -> None:
@@ -227,13 +214,44 @@ def test_a_job_runs_as_the_job_user__cannot_read_the_nodes_secret_and_checkpoint
     _run(
         tmp_path,
         body,
+        **_as_nobody(nobodys_python, open_dir),
+        # The secret lies in /tmp, which a sandboxed worker does not see: here the switch
+        # alone (the sandbox's is test_sandbox.py's, and the tenants' test's below).
+        **{"executor.private_tmp": "false"},
+    )
+
+
+@pytest.mark.parametrize("private", [True, False], ids=["private network", "the host's"])
+def test_a_job_with_a_network_of_its_own__reaches_neither_the_nodes_ports_nor_the_network(
+    tmp_path: Path, open_dir: Path, nobodys_python: str, private: bool
+) -> None:
+    """`executor.private_network`: the job's connections to the node's own API and Raft ports
+    on 127.0.0.1 are refused, as nothing listens in its network, and it has loopback alone
+    (a server of its own works). The control: without it, both are reached."""
+    raft_port, http_port = free_ports(2)
+
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("probe_network", args={"ports": [http_port, raft_port]})
+        job = await api.finished(job_id)
+        assert job["state"] == "succeeded", job
+        seen = json.loads(job["tasks"][0]["result"])
+        if private:
+            assert seen["interfaces"] == ["lo"], seen
+            assert set(seen["reached"].values()) == {"ConnectionRefusedError"}, seen
+        else:
+            with open("/proc/net/dev") as devices:
+                host = sorted(line.split(":")[0].strip() for line in devices.readlines()[2:])
+            assert seen["interfaces"] == host, seen
+            assert set(seen["reached"].values()) == {"reached"}, seen
+
+    _run(
+        tmp_path,
+        body,
+        **_as_nobody(nobodys_python, open_dir),
         **{
-            "executor.job_user": "nobody",
-            "executor.python": nobodys_python,
-            "executor.checkpoint_dir": str(open_dir / "checkpoints"),
-            # The secret lies in /tmp, which a sandboxed worker does not see: here the switch
-            # alone (the sandbox's is test_sandbox.py's, and the tenants' test's below).
-            "executor.private_tmp": "false",
+            "executor.private_network": str(private).lower(),
+            "raft.address": f"127.0.0.1:{raft_port}",
+            "http.address": f"127.0.0.1:{http_port}",
         },
     )
 

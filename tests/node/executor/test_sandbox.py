@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -141,8 +142,8 @@ def test_the_start_up_check_names_the_setting_when_workers_cannot_be_sandboxed(
     monkeypatch.setattr(
         sandbox,
         "command",
-        lambda python, uid, gid, groups, directory, then, keep, shm_bytes=None: command(
-            python, uid, gid, groups, directory / "never-made", then, keep, shm_bytes
+        lambda python, uid, gid, groups, directory, *rest: command(
+            python, uid, gid, groups, directory / "never-made", *rest
         ),
     )
     with pytest.raises(
@@ -220,27 +221,85 @@ def test_kept_paths_are_the_code_the_interpreter_and_checkpoints_under_private_d
     assert sandbox.covered_by(Path("/var/lib/xr/checkpoints")) is None
 
 
-def test_a_node_that_may_not_make_mount_namespaces__is_refused_naming_the_setting(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("dropped", "setting", "said"),
+    [
+        (
+            "sys_admin",
+            "private_tmp",
+            "/tmp of their own (xr sandbox: cannot make a mount namespace: Operation not "
+            "permitted): let it make mount namespaces",
+        ),
+        (
+            "net_admin",
+            "private_network",
+            "a network of their own (xr sandbox: cannot bring up the loopback interface: "
+            "Operation not permitted): let it make network namespaces",
+        ),
+    ],
+)
+def test_a_node_that_may_not_make_its_workers_namespaces__is_refused_naming_the_setting(
+    tmp_path: Path, dropped: str, setting: str, said: str
 ) -> None:
-    """As in a container without CAP_SYS_ADMIN (here: root with it out of the bounding set, by
-    util-linux's setpriv), `xr node run --check` says what to allow or set; with
-    `executor.private_tmp = false` that check is not made."""
-    command = ["setpriv", "--bounding-set", "-sys_admin", "--", sys.executable, "-m", "node.cli"]
+    """As in a container without CAP_SYS_ADMIN, or one without CAP_NET_ADMIN (here: root with
+    it out of the bounding set, by util-linux's setpriv; without CAP_NET_ADMIN the network
+    namespace is made and its loopback interface cannot be brought up), `xr node run --check`
+    names the setting and says what to allow; with the setting false, that check is not made."""
+    command = ["setpriv", "--bounding-set", f"-{dropped}", "--", sys.executable, "-m", "node.cli"]
     command += ["node", "run", "--check", "--region", "r0", "--data-dir", str(tmp_path)]
     command += ["--raft-address", "127.0.0.1:7001", "--set", "executor.job_user=nobody"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 2, done.stdout + done.stderr
+    runs = {
+        value: subprocess.run(
+            [*command, "--set", f"executor.{setting}={value}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        for value in ("true", "false")
+    }
+    assert runs["true"].returncode == 2, runs["true"].stdout + runs["true"].stderr
     assert (
-        "setting executor.private_tmp: this node cannot start workers as 'nobody' with /tmp of "
-        "their own (xr sandbox: cannot make a mount namespace: Operation not permitted): let it "
-        "make mount namespaces" in done.stderr
-    )
-    done = subprocess.run(
-        [*command, "--set", "executor.private_tmp=false"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert "private_tmp" not in done.stderr
+        f"setting executor.{setting}: this node cannot start workers as 'nobody' with {said}"
+        in runs["true"].stderr
+    ), runs["true"].stderr
+    assert setting not in runs["false"].stderr
+
+
+# Run as the sandboxed user: a server of its own on loopback, then each port given.
+_CONNECT = """
+import socket, sys
+with socket.create_server(("127.0.0.1", 0)) as server:
+    socket.create_connection(server.getsockname(), timeout=5).close()
+print("loopback")
+for port in sys.argv[1:]:
+    try:
+        socket.create_connection(("127.0.0.1", int(port)), timeout=5).close()
+        print("reached")
+    except OSError as error:
+        print(type(error).__name__)
+"""
+
+
+def test_a_sandbox_with_a_network_of_its_own__has_loopback_and_reaches_no_port_outside(
+    sandboxes: Path, nobodys_python: str
+) -> None:
+    nobody = lookup("nobody")
+    with socket.create_server(("127.0.0.1", 0)) as outside:
+        port = str(outside.getsockname()[1])
+        for number, (network, reached) in enumerate(
+            [(True, "ConnectionRefusedError"), (False, "reached")], start=1
+        ):
+            directory = sandboxes / f"attempt-{number}"
+            sandbox.make_directories(directory)
+            done = subprocess.run(
+                nobody.sandboxed(
+                    directory,
+                    [nobodys_python, "-I", "-S", "-c", _CONNECT, port],
+                    network=network,
+                ),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.stdout.split() == ["loopback", reached], done.stderr
