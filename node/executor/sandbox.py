@@ -263,6 +263,7 @@ def _loopback_up(libc: ctypes.CDLL) -> None:
     """Brings up the loopback interface of this process's network namespace (a new one has
     it down; up, it has 127.0.0.1 and ::1)."""
     what = NETWORK_ERRORS[1]
+    libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_char_p]
     handle = libc.socket(_AF_INET, _SOCK_DGRAM, 0)
     if handle < 0:
         _libc_call(what, handle)
