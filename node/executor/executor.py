@@ -395,6 +395,8 @@ class Executor:
         user: JobUser | None,
         checkpoint: dict[str, Any] | None,
         child_fd: int,
+        *,
+        private_tmp: bool,
     ) -> dict[str, str]:
         description = protocol.TaskDescription(
             job_id=attempt.job_id,
@@ -415,6 +417,7 @@ class Executor:
             device="cpu" if not attempt.grant.devices else "cuda:0",
             # A shared device caps the worker's memory pool at its share.
             gpu_memory_mb=attempt.grant.shared_memory_mb or spec.gpu_memory_mb,
+            private_tmp=private_tmp,
         )
         environment = worker_environment(user)
         environment.update(
@@ -461,7 +464,14 @@ class Executor:
         # (as the node's user, a job can read what the node can anyway).
         options = {} if user is None else {**user.spawn_options(), "umask": sandbox.UMASK}
         try:
-            environment = self._environment(attempt, spec, user, checkpoint, child.fileno())
+            environment = self._environment(
+                attempt,
+                spec,
+                user,
+                checkpoint,
+                child.fileno(),
+                private_tmp=private is not None and user is not None,
+            )
             # Off the loop: the checkpoint directory is often a network mount.
             await asyncio.to_thread(
                 prepare_area, self.config.checkpoint_dir / tenant_area(spec.tenant), user, own=own

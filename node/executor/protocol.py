@@ -242,6 +242,9 @@ class TaskDescription(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     device: str = "cpu"
     # A share of the device: CuPy's memory pool is capped at this (0: the whole device).
     gpu_memory_mb: int = 0
+    # The worker has /tmp, /var/tmp and /dev/shm of its own (`executor.private_tmp`), empty at
+    # its start: a file missing there is named as such in its failure.
+    private_tmp: bool = False
 
     def __post_init__(self) -> None:
         if (self.entrypoint is None) == (self.workload is None):

@@ -9,8 +9,9 @@ reporting (a partial result is not a result).
 A reader thread takes the executor's messages (stop requests, checkpoint answers); SIGTERM sets
 the same stop flag, so the function can checkpoint and return before the executor's SIGKILL.
 Failures are retryable unless the function raised `NonRetryableError`, the entrypoint cannot be
-imported, the result is not a small JSON object, or the task exceeded its GPU memory share: cases
-another attempt would repeat.
+imported, the result is not a small JSON object, the task exceeded its GPU memory share, or (with
+/tmp of its own, `executor.private_tmp`) a file it opened under /tmp, /var/tmp or /dev/shm is not
+there: cases another attempt would repeat.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from node.executor import sandbox
 from node.executor.arrays import DeviceUnavailable, array_module, is_out_of_memory
 from node.executor.arrays import set_memory_limit as set_pool_limit
 from node.executor.checkpoints import FileCheckpointStore
@@ -148,6 +150,15 @@ def _check_result(value: Any) -> dict[str, Any]:
 def _failure(error: BaseException, task: TaskDescription) -> Failed:
     if isinstance(error, NonRetryableError):
         return Failed(error=describe_failure(error), retryable=False)
+    missing = _missing_private_file(error) if task.private_tmp else None
+    if missing is not None:
+        # Every attempt starts with them empty, so another attempt would not find it either.
+        message = (
+            f"{missing} is not there: this job has /tmp, /var/tmp and /dev/shm of its own, "
+            "empty when it starts (executor.private_tmp); give it paths outside them: "
+            f"{describe_failure(error)}"
+        )
+        return Failed(error=message[: MESSAGE_BYTES_MAX // 4], retryable=False)
     if is_out_of_memory(error) and task.gpu_memory_mb:
         message = (
             f"the task exceeded its GPU memory share of {task.gpu_memory_mb} MB "
@@ -155,6 +166,15 @@ def _failure(error: BaseException, task: TaskDescription) -> Failed:
         )
         return Failed(error=message[: MESSAGE_BYTES_MAX // 4], retryable=False)
     return Failed(error=describe_failure(error), retryable=True)
+
+
+def _missing_private_file(error: BaseException) -> str | None:
+    """The path of a file not found in the worker's own /tmp, /var/tmp or /dev/shm, if that
+    is what `error` is."""
+    if not isinstance(error, FileNotFoundError) or error.filename is None:
+        return None
+    path = os.fsdecode(error.filename)
+    return path if sandbox.covered_by(path) is not None else None
 
 
 def _report(channel: Channel, message: Failed | Result) -> None:

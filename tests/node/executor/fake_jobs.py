@@ -190,3 +190,9 @@ def probe_network(ctx: JobContext) -> dict[str, Any]:
         except OSError as error:
             reached[str(port)] = type(error).__name__
     return {"interfaces": interfaces, "reached": reached}
+
+
+def read_input(ctx: JobContext) -> dict[str, Any]:
+    """Reads the file `ctx.args["path"]` (a job's input, named by its path)."""
+    with open(ctx.args["path"]) as given:
+        return {"read": given.read()}

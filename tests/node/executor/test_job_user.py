@@ -256,6 +256,42 @@ def test_a_job_with_a_network_of_its_own__reaches_neither_the_nodes_ports_nor_th
     )
 
 
+@pytest.mark.parametrize("private", [True, False], ids=["its own /tmp", "the host's"])
+def test_a_job_given_a_path_in_the_hosts_tmp__fails_once_saying_why_with_its_own(
+    tmp_path: Path, open_dir: Path, nobodys_python: str, private: bool
+) -> None:
+    """With `executor.private_tmp` a job's /tmp is its own, so an input the host has there is
+    not: the failure says so and is not retried. The control: without, the job reads it."""
+    handle, name = tempfile.mkstemp(prefix="xr-test-input-", dir="/tmp")
+    os.write(handle, b"the input")
+    os.close(handle)
+    os.chmod(name, 0o644)
+
+    async def body(api: _Api) -> None:
+        job = await api.finished(
+            await api.submit("read_input", args={"path": name}, max_attempts=3)
+        )
+        task = job["tasks"][0]
+        if not private:
+            assert job["state"] == "succeeded", job
+            assert json.loads(task["result"]) == {"read": "the input"}
+            return
+        assert job["state"] == "failed" and len(task["attempts"]) == 1, job
+        assert task["error"].startswith(
+            f"{name} is not there: this job has /tmp, /var/tmp and /dev/shm of its own"
+        ), task["error"]
+
+    try:
+        _run(
+            tmp_path,
+            body,
+            **_as_nobody(nobodys_python, open_dir),
+            **{"executor.private_tmp": str(private).lower()},
+        )
+    finally:
+        os.unlink(name)
+
+
 def test_node_run_check__runs_the_same_check(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -69,6 +69,11 @@ def raises(ctx: JobContext) -> dict[str, Any]:
     raise RuntimeError(f"the disk is on fire (task {ctx.task_index})")
 
 
+def opens(ctx: JobContext) -> dict[str, Any]:
+    with open(ctx.args["path"]) as opened:
+        return {"read": opened.read()}
+
+
 def refuses(ctx: JobContext) -> dict[str, Any]:
     raise NonRetryableError("argument 'n' must be even")
 
@@ -427,6 +432,29 @@ def test_worker__failures_another_attempt_would_repeat_are_not_retryable(
     assert len(messages) == 1 and isinstance(messages[0], Failed)
     assert message in messages[0].error
     assert messages[0].retryable is False
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("private_tmp", "path", "named"),
+    [(True, "/tmp", True), (True, "/var/tmp", True), (False, "/tmp", False), (True, "/srv", False)],
+)
+def test_worker__a_file_missing_from_its_own_tmp_is_named_as_such_and_not_retried(
+    start: Any, private_tmp: bool, path: str, named: bool
+) -> None:
+    """A job given a path under the host's /tmp finds nothing with /tmp of its own: the
+    failure says so, and is not retried (every attempt starts with it empty). Elsewhere, or
+    without, a missing file is a plain retryable failure."""
+    missing = f"{path}/xr-test-missing-{os.getpid()}/input.npy"
+    worker = start(entrypoint=f"{MODULE}:opens", args={"path": missing}, private_tmp=private_tmp)
+    code, messages = worker.finish()
+    assert code == EXIT_FAILED, worker.logs()
+    (failure,) = messages
+    assert isinstance(failure, Failed)
+    hint = f"{missing} is not there: this job has /tmp, /var/tmp and /dev/shm of its own"
+    assert failure.error.startswith(hint) is named, failure.error
+    assert "FileNotFoundError: [Errno 2] No such file or directory" in failure.error
+    assert failure.retryable is not named
 
 
 @pytest.mark.integration
