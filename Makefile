@@ -41,8 +41,9 @@ ui-deps:
 	else echo "chromium missing and not root: the dashboard's browser test will be skipped"; fi
 
 # jepsen-lite's system tools: nftables (partitions inside network namespaces), iproute2 (the
-# namespaces and links; bench/sandbox.py's reference too) and libfaketime (clock faults). Installed from Debian when missing and running as root (CI); otherwise the
-# harness says what it lacks and its tests fall back or skip.
+# namespaces and links; bench/sandbox.py's reference too) and libfaketime (clock faults).
+# Installed from Debian when missing and running as root (CI); otherwise the harness says what
+# it lacks and its tests fall back or skip.
 jepsen-deps:
 	@if command -v nft >/dev/null && command -v faketime >/dev/null && command -v ip >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

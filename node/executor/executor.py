@@ -470,7 +470,8 @@ class Executor:
                 user,
                 checkpoint,
                 child.fileno(),
-                private_tmp=private is not None and user is not None,
+                # Made only for a worker as another user (`_supervise`).
+                private_tmp=private is not None,
             )
             # Off the loop: the checkpoint directory is often a network mount.
             await asyncio.to_thread(
