@@ -247,6 +247,14 @@ class ExecutorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # not to the node's API or Raft ports, not to another job (docs/security.md, "Network").
     # For jobs that need no network; the node needs CAP_NET_ADMIN too.
     private_network: bool = False
+    # With private_tmp, a worker whose /tmp and /var/tmp together hold more than this many
+    # bytes on disk (blocks, as du counts them) is stopped and its task fails, not retried,
+    # saying so: a job cannot fill the disk under the machine's temporary directory (the
+    # node's data directory is often on it). Checked every tmp_check_interval_s, as
+    # Kubernetes checks a pod's ephemeral storage, so a job may pass it for that long.
+    # Default: no bound.
+    tmp_bytes_max: int | None = None
+    tmp_check_interval_s: float = 10.0
     # The Python interpreter that runs the workers. Default: the node's own. With job_user, one
     # that user can run and import xr and its dependencies with.
     python: str | None = None
@@ -724,14 +732,23 @@ def _check_executor(executor: ExecutorConfig) -> None:
             ) from None
     if executor.shm_bytes_max is not None:
         _check_positive("executor.shm_bytes_max", executor.shm_bytes_max)
-    if executor.private_network and not (
-        executor.private_tmp and (executor.job_user or executor.tenant_users)
-    ):
+    sandboxed = executor.private_tmp and bool(executor.job_user or executor.tenant_users)
+    if executor.private_network and not sandboxed:
         raise ConfigError(
             "setting executor.private_network: applies to workers started as executor.job_user "
             "or a user of executor.tenant_users, with executor.private_tmp (the same sandbox): "
             "set those, or leave it false"
         )
+    if executor.tmp_bytes_max is not None:
+        _check_positive("executor.tmp_bytes_max", executor.tmp_bytes_max)
+        if not sandboxed:
+            raise ConfigError(
+                "setting executor.tmp_bytes_max: bounds the /tmp and /var/tmp of workers "
+                "started as executor.job_user or a user of executor.tenant_users, with "
+                "executor.private_tmp (other workers share the machine's): set those, or "
+                "leave it out"
+            )
+    _check_positive("executor.tmp_check_interval_s", executor.tmp_check_interval_s)
     if executor.python is not None and not executor.python:
         raise ConfigError(
             "setting executor.python: must not be empty (leave it out for the node's)"

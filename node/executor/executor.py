@@ -56,7 +56,7 @@ from node.executor.job_user import (
     prepare_area,
     require_root,
 )
-from node.executor.sandbox_root import SandboxRoot
+from node.executor.sandbox_root import SandboxRoot, used_bytes
 from raftstore.store import RaftStore
 from xrcore.commands import (
     Command,
@@ -130,6 +130,8 @@ class _Attempt:
     # a task's start without waiting a heartbeat interval.
     first_progress: asyncio.Event = field(default_factory=asyncio.Event)
     last_contact_s: float = field(default_factory=time.monotonic)
+    # What its /tmp and /var/tmp held when it was stopped for it (`executor.tmp_bytes_max`).
+    tmp_bytes: int = 0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -525,15 +527,18 @@ class Executor:
         pumps = [
             asyncio.create_task(self._pump_logs(attempt, log_file)),
             asyncio.create_task(self._read_messages(attempt, reader)),
-            asyncio.create_task(self._keep_alive(attempt)),
         ]
+        watches = [asyncio.create_task(self._keep_alive(attempt))]
+        if private is not None and self.settings.tmp_bytes_max is not None:
+            watches.append(asyncio.create_task(self._watch_tmp(attempt, private)))
         exit_code = await attempt.process.wait()
-        for pump in pumps[:2]:
+        for pump in pumps:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(pump, 5.0)
-        pumps[2].cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await pumps[2]
+        for watch in watches:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
         attempt.writer.close()
         await self._end(attempt, exit_code=exit_code, log_file=log_file)
 
@@ -553,6 +558,15 @@ class Executor:
                 limit_s = attempt.wall_time_limit_s
                 await self._propose_final(
                     attempt.fail(f"wall time limit of {limit_s} s reached", retryable=False)
+                )
+            elif reason == "tmp_limit":
+                await self._propose_final(
+                    attempt.fail(
+                        f"stopped: its /tmp and /var/tmp held {attempt.tmp_bytes:,} bytes, more "
+                        f"than executor.tmp_bytes_max ({self.settings.tmp_bytes_max:,}); write "
+                        "large files to the checkpoint directory or another path outside them",
+                        retryable=False,
+                    )
                 )
             elif reason == "preempted":
                 await self._propose_final(
@@ -758,6 +772,30 @@ class Executor:
                     )
                     self._spawn(self._stop_worker(attempt, "lease_lost"))
                     return
+
+    async def _watch_tmp(self, attempt: _Attempt, private: Path) -> None:
+        """Stops the worker once its /tmp and /var/tmp (under `private`) hold more than
+        `executor.tmp_bytes_max`, counted every `executor.tmp_check_interval_s`."""
+        limit = self.settings.tmp_bytes_max
+        assert limit is not None
+        directories = [private / name for name, _ in sandbox.BINDS]
+        while attempt.stop_reason is None:
+            await asyncio.sleep(self.settings.tmp_check_interval_s)
+            # Off the loop: a job may hold many files.
+            used = await asyncio.to_thread(used_bytes, directories, limit)
+            if used > limit and attempt.stop_reason is None:
+                attempt.tmp_bytes = used
+                log.warning(
+                    "%s[%d] attempt %d: /tmp and /var/tmp hold %d bytes, more than "
+                    "executor.tmp_bytes_max (%d); stopping it",
+                    attempt.job_id,
+                    attempt.task_index,
+                    attempt.attempt,
+                    used,
+                    limit,
+                )
+                self._spawn(self._stop_worker(attempt, "tmp_limit"))
+                return
 
     def _cancelled(self, attempt: _Attempt) -> bool:
         def query(machine: Any) -> bool:

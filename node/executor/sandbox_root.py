@@ -16,6 +16,8 @@ It removes it holding that lock, so two nodes starting at once cannot both take 
 `held` is locked under another name and renamed into place, so a directory being made (no
 `held` yet, or one not yet locked) is never taken for dead; directories without `held` (another
 program's, or an older node's) are left alone.
+
+`used_bytes` measures what an attempt's /tmp and /var/tmp hold (`executor.tmp_bytes_max`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["HELD", "SandboxRoot", "remove_stale"]
+__all__ = ["HELD", "SandboxRoot", "remove_stale", "used_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +115,35 @@ def remove_stale(directory: Path | None = None) -> list[Path]:
             ", ".join(path.name for path in removed),
         )
     return removed
+
+
+def used_bytes(directories: list[Path], stop_above: int) -> int:
+    """The bytes of disk the files and directories under `directories` take, as `du` counts
+    them (allocated blocks, each inode once, links not followed, missing entries skipped: a
+    job changes its files while they are counted), or a first count above `stop_above` as
+    soon as one is reached, so a job that writes without end is not walked to its end."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    pending = [str(directory) for directory in directories]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    directory = stat.S_ISDIR(info.st_mode)
+                    if not directory and info.st_nlink > 1:
+                        # A file linked under several names counts once.
+                        if (info.st_dev, info.st_ino) in seen:
+                            continue
+                        seen.add((info.st_dev, info.st_ino))
+                    total += info.st_blocks * 512
+                    if total > stop_above:
+                        return total
+                    if directory:
+                        pending.append(entry.path)
+        except OSError:
+            continue
+    return total

@@ -77,6 +77,20 @@ def test_round_trip_times_come_as_region_equals_milliseconds() -> None:
             },
             "executor.private_network: applies to workers",
         ),
+        (
+            {"executor.tmp_bytes_max": "0", "executor.job_user": "nobody"},
+            "executor.tmp_bytes_max: must be positive",
+        ),
+        ({"executor.tmp_bytes_max": "1000000"}, "executor.tmp_bytes_max: bounds the /tmp"),
+        (
+            {
+                "executor.tmp_bytes_max": "1000000",
+                "executor.job_user": "nobody",
+                "executor.private_tmp": "false",
+            },
+            "executor.tmp_bytes_max: bounds the /tmp",
+        ),
+        ({"executor.tmp_check_interval_s": "0"}, "executor.tmp_check_interval_s: must be"),
         # Absurd but finite: durations over a year, counts over 2^53, an empty data_dir.
         ({"http.wait_max_s": "1e308"}, "http.wait_max_s: must be at most 31536000 s"),
         ({"executor.retry_backoff_max_s": "31536001"}, "executor.retry_backoff_max_s"),
@@ -147,6 +161,14 @@ def test_a_duration_of_a_year_and_a_count_of_2_53_are_accepted() -> None:
     )
     assert config.scheduler.default_estimate_s == 365 * 24 * 3600
     assert config.raft.log_compaction_min_entries == 2**53
+
+
+def test_a_bound_on_tmp_is_accepted_for_workers_as_another_user_with_their_own_tmp() -> None:
+    config = load_config(
+        environ={},
+        overrides={**BASE, "executor.tmp_bytes_max": "1000000", "executor.job_user": "nobody"},
+    )
+    assert config.executor.tmp_bytes_max == 1_000_000
 
 
 def test_tokens_are_configured_as_digests_with_a_role_and_a_tenant(tmp_path: Path) -> None:

@@ -196,3 +196,16 @@ def read_input(ctx: JobContext) -> dict[str, Any]:
     """Reads the file `ctx.args["path"]` (a job's input, named by its path)."""
     with open(ctx.args["path"]) as given:
         return {"read": given.read()}
+
+
+def fill_tmp(ctx: JobContext) -> dict[str, Any]:
+    """Writes `ctx.args["files"]` (path: number of bytes), then runs until stopped or for
+    `ctx.args["hold_s"]`."""
+    for path, size in ctx.args["files"].items():
+        with open(path, "wb") as sink:
+            sink.write(b"x" * size)
+    deadline_s = time.monotonic() + float(ctx.args["hold_s"])
+    while not ctx.should_stop() and time.monotonic() < deadline_s:
+        ctx.progress(1, 0)
+        time.sleep(0.05)
+    return {"held_for_s": ctx.args["hold_s"]}

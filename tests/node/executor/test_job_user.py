@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -290,6 +291,42 @@ def test_a_job_given_a_path_in_the_hosts_tmp__fails_once_saying_why_with_its_own
         )
     finally:
         os.unlink(name)
+
+
+@pytest.mark.parametrize("over", [True, False], ids=["over the bound", "under it"])
+def test_a_job_whose_tmp_holds_more_than_tmp_bytes_max__is_stopped_and_fails_once_saying_why(
+    tmp_path: Path, open_dir: Path, nobodys_python: str, over: bool
+) -> None:
+    """`executor.tmp_bytes_max` bounds what a job's /tmp and /var/tmp hold together (each file
+    below is under the bound, the two over it): such a job is stopped and fails without a
+    retry, saying why. The control: under a bound, it runs its course (checked many times)."""
+    limit = 1_000_000 if over else 10_000_000
+    files = {"/tmp/weights": 600_000, "/var/tmp/cache": 600_000}
+
+    async def body(api: _Api) -> None:
+        job_id = await api.submit(
+            "fill_tmp", args={"files": files, "hold_s": 120 if over else 1.5}, max_attempts=3
+        )
+        job = await api.finished(job_id)
+        task = job["tasks"][0]
+        if not over:
+            assert job["state"] == "succeeded", job
+            return
+        assert job["state"] == "failed" and len(task["attempts"]) == 1, job
+        held = re.fullmatch(
+            r"stopped: its /tmp and /var/tmp held ([\d,]+) bytes, more than "
+            r"executor\.tmp_bytes_max \(1,000,000\); write large files to the checkpoint "
+            r"directory or another path outside them",
+            task["error"],
+        )
+        assert held is not None and int(held[1].replace(",", "")) > limit, task["error"]
+
+    _run(
+        tmp_path,
+        body,
+        **_as_nobody(nobodys_python, open_dir),
+        **{"executor.tmp_bytes_max": str(limit), "executor.tmp_check_interval_s": "0.1"},
+    )
 
 
 def test_node_run_check__runs_the_same_check(

@@ -1,5 +1,6 @@
 """The directory of workers' private /tmp (`node.executor.sandbox_root`): one a killed node left
-is removed by the next node to start; one a running node holds, or another program's, is not."""
+is removed by the next node to start; one a running node holds, or another program's, is not.
+What an attempt's directories hold is counted as `du` counts it (`used_bytes`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from node.config import ConfigError
 from node.executor.executor import Executor
-from node.executor.sandbox_root import HELD, SandboxRoot, remove_stale
+from node.executor.sandbox_root import HELD, SandboxRoot, remove_stale, used_bytes
 from tests.node.executor.test_executor import _config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -124,3 +125,43 @@ def test_a_starting_node_removes_a_killed_nodes_root__and_its_own_when_it_does_n
         asyncio.run(Executor(config, store=None).prepare())  # type: ignore[arg-type]
     assert not killed_root.exists()
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("xr-")]
+
+
+def _blocks(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+def test_used_bytes_counts_blocks_under_every_directory_each_file_once_and_no_link_target(
+    tmp_path: Path,
+) -> None:
+    tmp, var_tmp, outside = (tmp_path / name for name in ("tmp", "var-tmp", "outside"))
+    for directory in (tmp / "a" / "b", var_tmp, outside):
+        directory.mkdir(parents=True)
+    (tmp / "a" / "b" / "deep").write_bytes(b"x" * 100_000)
+    (var_tmp / "flat").write_bytes(b"y" * 50_000)
+    # A sparse file takes the blocks it has, not its length.
+    with open(tmp / "sparse", "wb") as sparse:
+        sparse.truncate(1 << 30)
+    # Another name of a file counts nothing more; a link to a file outside counts itself only.
+    os.link(var_tmp / "flat", tmp / "flat-again")
+    (outside / "big").write_bytes(b"z" * 1_000_000)
+    (tmp / "to-outside").symlink_to(outside / "big")
+    (tmp / "to-outside-dir").symlink_to(outside)
+    expected = sum(
+        _blocks(path)
+        for path in (tmp / "a", tmp / "a" / "b", tmp / "a" / "b" / "deep", var_tmp / "flat")
+    ) + sum(os.lstat(tmp / name).st_blocks * 512 for name in ("sparse", "to-outside"))
+    expected += os.lstat(tmp / "to-outside-dir").st_blocks * 512
+    assert used_bytes([tmp, var_tmp], stop_above=1 << 40) == expected
+    assert expected < 1_000_000 + 100_000
+    # Missing directories count nothing.
+    assert used_bytes([tmp_path / "gone"], stop_above=0) == 0
+
+
+def test_used_bytes_stops_at_the_first_count_above_the_bound(tmp_path: Path) -> None:
+    for index in range(50):
+        (tmp_path / f"file-{index}").write_bytes(b"x" * 10_000)
+    everything = used_bytes([tmp_path], stop_above=1 << 40)
+    one = _blocks(tmp_path / "file-0")
+    early = used_bytes([tmp_path], stop_above=3 * one)
+    assert 3 * one < early < everything
