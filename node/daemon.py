@@ -31,6 +31,7 @@ from node.api.app import SERVICES, create_app
 from node.api.cluster import FORWARD_SSL_CONTEXT
 from node.api.connections import CappedAppRunner, connections_bound
 from node.config import ConfigError, NodeConfig
+from node.data_dir import DataDirLock
 from node.executor.executor import Executor
 from node.executor.inventory import detect as detect_inventory
 from node.executor.inventory import to_gpus
@@ -111,21 +112,27 @@ class Node:
         # Loaded before anything starts, so a bad file stops the node with a ConfigError.
         self.ssl_context = server_context(config.tls)
         forward_ssl_context = client_context(config.tls)
-        self.store = RaftStore(config.raft, faults=faults, drops=drops)
-        self.app = create_app(config, store=self.store)
-        if forward_ssl_context is not None:
-            self.app[FORWARD_SSL_CONTEXT] = forward_ssl_context
-        self.runner: web.AppRunner | None = None
-        self._duties: list[asyncio.Task[None]] = []
-        self.inventory = detect_inventory(config.region.cpu_slots)
-        self.executor: Executor | None = None
-        if config.executor.enabled:
-            self.executor = Executor(
-                config,
-                self.store,
-                gpu_memory_mb=[gpu.memory_mb for gpu in self.inventory.gpus],
-                gpu_models=[gpu.model for gpu in self.inventory.gpus],
-            )
+        # Before the journal is opened: a second node on this directory is refused.
+        self.data_dir_lock = DataDirLock(config.data_dir)
+        try:
+            self.store = RaftStore(config.raft, faults=faults, drops=drops)
+            self.app = create_app(config, store=self.store)
+            if forward_ssl_context is not None:
+                self.app[FORWARD_SSL_CONTEXT] = forward_ssl_context
+            self.runner: web.AppRunner | None = None
+            self._duties: list[asyncio.Task[None]] = []
+            self.inventory = detect_inventory(config.region.cpu_slots)
+            self.executor: Executor | None = None
+            if config.executor.enabled:
+                self.executor = Executor(
+                    config,
+                    self.store,
+                    gpu_memory_mb=[gpu.memory_mb for gpu in self.inventory.gpus],
+                    gpu_models=[gpu.model for gpu in self.inventory.gpus],
+                )
+        except BaseException:
+            self.data_dir_lock.release()
+            raise
 
     async def start(self) -> None:
         log_raft_security(self.config)
@@ -267,6 +274,7 @@ class Node:
         if self.store.is_leader:
             await self._hand_over_leadership()
         await self.store.stop()
+        self.data_dir_lock.release()
         log.info("region %s stopped", self.config.region.name)
 
     async def _hand_over_leadership(self) -> None:
@@ -316,7 +324,11 @@ async def serve(
     config: NodeConfig, *, faults: Faults = NO_FAULTS, drops: Drops | None = None
 ) -> None:
     node = Node(config, faults=faults, drops=drops)
-    await node.start()
+    try:
+        await node.start()
+    except BaseException:
+        node.data_dir_lock.release()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGTERM, signal.SIGINT):

@@ -4,6 +4,7 @@ with every acknowledged write."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from node.localcluster import LocalCluster, LocalNode
+from node.localcluster import LocalCluster, LocalNode, free_ports
 
 pytestmark = pytest.mark.integration
 WAIT_S = 30.0
@@ -132,6 +133,42 @@ def test_a_node_whose_raft_port_is_taken_exits_with_a_message(tmp_path: Path) ->
     assert f"cannot listen for Raft on {node.raft_address}: Address already in use" in (
         node.log_tail()
     )
+
+
+def test_a_second_node_on_a_data_directory_in_use_is_refused_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """Two nodes on one data directory wrote one journal through two memory maps: the second
+    logged errors on every tick, and an acknowledged write was gone after a restart."""
+    local = LocalCluster(tmp_path, size=1)
+    first = local.nodes[0]
+    first.start()
+    assert first.process is not None
+    try:
+        _eventually(lambda: first.ready(), "the first node ready")
+        status, _ = _call(f"{first.url}/v1/kv/x", method="PUT", body={"value": "1"})
+        assert status == 200
+        raft_port, http_port = free_ports(2)
+        second = dataclasses.replace(
+            first, region="second", raft_port=raft_port, http_port=http_port, process=None,
+            log_path=tmp_path / "second.log", peers=[],
+        )  # fmt: skip
+        second.start()
+        assert second.process is not None
+        assert second.process.wait(30) == 2
+        assert (
+            f"data_dir {first.data_dir} is in use by another node (pid {first.process.pid})"
+            in second.log_tail()
+        ), second.log_tail()
+    finally:
+        first.terminate()
+    first.start()
+    try:
+        _eventually(lambda: first.ready(), "the first node ready again")
+        status, document = _call(f"{first.url}/v1/kv/x")
+        assert status == 200 and document["value"] == "1", document
+    finally:
+        first.terminate()
 
 
 def test_a_connection_that_never_finishes_its_headers_is_closed(tmp_path: Path) -> None:
