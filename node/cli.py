@@ -10,6 +10,7 @@ traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -17,6 +18,7 @@ import click
 
 from node.cli_cluster import cluster, region
 from node.cli_common import (
+    EXIT_DEFINITE,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     CommandFailed,
@@ -93,10 +95,26 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(error_line("usage", f"text {_shown(error.object)} is not UTF-8"), err=True)
         return EXIT_USAGE
     except BrokenPipeError:
-        # Python would complain again when it flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _discard_output()
         return _EXIT_BROKEN_PIPE
+    except OSError as error:
+        # Output that cannot be written (`> /dev/full`, a full disk, an I/O error); the
+        # commands name the files they read and write themselves.
+        try:
+            sys.stdout.flush()
+        except OSError:
+            _discard_output()
+        what = "cannot write the output" if error.filename is None else str(error.filename)
+        reason = error.strerror or str(error)
+        click.echo(error_line("io.failed", f"{what}: {reason}"), err=True)
+        return EXIT_DEFINITE
     return result if isinstance(result, int) else 0
+
+
+def _discard_output() -> None:
+    """Points stdout at /dev/null: Python would fail again when it flushes stdout at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _is_utf8(text: str) -> bool:

@@ -55,6 +55,7 @@ __all__ = [
     "json_output",
     "key_values",
     "non_empty",
+    "one_line",
     "open_client",
     "resolve_settings",
     "table",
@@ -440,9 +441,28 @@ def _cell(value: Any) -> str:
         return ", ".join(f"{key}={_cell(item)}" for key, item in sorted(value.items())) or "-"
     if isinstance(value, list | tuple):
         return ", ".join(_cell(item) for item in value) or "-"
-    text = str(value)
-    # One line per row whatever a value holds.
-    return text.replace("\n", "\\n")
+    return one_line(str(value))
+
+
+def _escape(code: int) -> str:
+    named = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+    return named.get(code, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+# Control characters (C0, DEL, C1) and the bidirectional overrides and isolates, which would
+# break a table's lines or columns, or let a key or value (another tenant's data) move the
+# cursor, recolour or rewrite the terminal, or show its text in another order.
+_UNPRINTABLE = {
+    code: _escape(code)
+    for code in [*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+}
+
+
+def one_line(text: str) -> str:
+    """`text` for a terminal, on one line: control characters escaped as Python writes them
+    (`\\n`, `\\x1b`), so a key or value shows as what it holds and cannot drive the
+    terminal."""
+    return text.translate(_UNPRINTABLE)
 
 
 def key_values(pairs: Sequence[tuple[str, Any]]) -> str:

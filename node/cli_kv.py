@@ -15,6 +15,7 @@ from node.cli_common import (
     emit,
     json_output,
     non_empty,
+    one_line,
     table,
     to_document,
     value_fields,
@@ -65,11 +66,14 @@ def kv_get(key: str) -> int:
     if json_output():
         emit(_key_document(item), "")
         return 0
+    # As stored, byte for byte (click.echo would drop escape sequences when stdout is a file).
     try:
-        click.echo(item.value.decode())
+        item.value.decode()
+        value = item.value + b"\n"
     except UnicodeDecodeError:
-        sys.stdout.buffer.write(item.value)
-        sys.stdout.buffer.flush()
+        value = item.value
+    sys.stdout.buffer.write(value)
+    sys.stdout.buffer.flush()
     return 0
 
 
@@ -96,6 +100,8 @@ def kv_put(key: str, value: str, expect_revision: int | None, session_id: str | 
     fails with kv.compare_failed (exit code 1) if the key changed in between.
     """
     if value == "-":
+        if sys.stdin is None:
+            raise click.UsageError("VALUE is -, but there is no standard input to read it from")
         try:
             data = read_stream_bounded(sys.stdin.buffer, VALUE_BYTES_MAX)
         except TooLarge as error:
@@ -167,9 +173,10 @@ def kv_ls(prefix: str, limit: int | None) -> int:
 
 
 def _short(value: bytes, *, characters_max: int | None = _VALUE_SHOWN_CHARS_MAX) -> str:
-    """A value on one line: text with newlines escaped, cut to `characters_max`."""
+    """A value on one line: text with control characters escaped (`one_line`), cut to
+    `characters_max`."""
     try:
-        text = value.decode().replace("\n", "\\n")
+        text = one_line(value.decode())
     except UnicodeDecodeError:
         return f"({len(value)} bytes, not UTF-8)"
     if characters_max is not None and len(text) > characters_max:
@@ -220,6 +227,7 @@ def _event_line(event: WatchEvent) -> str:
             "version": event.version,
         }
         return json.dumps(document)
+    key = one_line(event.key)
     if event.value is None:
-        return f"{event.revision} {event.kind} {event.key}"
-    return f"{event.revision} {event.kind} {event.key} {_short(event.value, characters_max=None)}"
+        return f"{event.revision} {event.kind} {key}"
+    return f"{event.revision} {event.kind} {key} {_short(event.value, characters_max=None)}"

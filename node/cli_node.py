@@ -428,6 +428,8 @@ def token_hash(generate: bool, name: str, role: str, tenant: str) -> int:
 
     if generate:
         secret = secrets.token_urlsafe(32)
+    elif sys.stdin is None:
+        raise click.UsageError("there is no standard input to read the token from (--generate?)")
     elif sys.stdin.isatty():
         secret = click.prompt("token", hide_input=True, err=True).strip()
     else:

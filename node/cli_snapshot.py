@@ -141,12 +141,21 @@ def _read_backup(file: Path) -> bytes:
         ) from None
 
 
+def _directory(value: str) -> Path:
+    if not value.strip():
+        raise click.BadParameter("must not be empty (an unset variable?)")
+    checked: Path = click.Path(file_okay=False, path_type=Path).convert(value, None, None)
+    return checked
+
+
 @snapshot.command("restore")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--data-dir",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    # Checked before click's Path, which reads "" as the working directory.
+    callback=lambda _context, _parameter, value: _directory(value),
+    metavar="DIRECTORY",
     help="The new node's data directory (as `xr node run --data-dir`); must hold no Raft data.",
 )
 @click.option(

@@ -459,11 +459,21 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
         message = str(error)
         # msgspec says "... - at `$.raft.address`"; turn the path into the setting's name.
         detail, _, where = message.partition(" - at `$.")
-        dotted = where.rstrip("`").replace("[", ".").replace("]", "")
+        where = where.rstrip("`")
+        # A table's entries are `[...]` to msgspec, which does not name the key.
+        in_entry = "[...]" in where
+        dotted = where.replace("[...]", "").replace("[", ".").replace("]", "")
         if dotted:
-            value = _lookup(tree, dotted)
-            shown = "" if value is _MISSING else f" (got {_describe(dotted, value)})"
-            raise ConfigError(f"setting {dotted}: {detail}{shown}") from None
+            value = _MISSING if in_entry else _lookup(tree, dotted)
+            # A table is not shown: it may hold a secret (raft, a token), and the detail
+            # names the field that is wrong.
+            shown = (
+                ""
+                if value is _MISSING or isinstance(value, dict | list)
+                else f" (got {_describe(dotted, value)})"
+            )
+            entry = " in one of its entries" if in_entry else ""
+            raise ConfigError(f"setting {dotted}{entry}: {detail}{shown}") from None
         raise ConfigError(f"configuration: {detail}") from None
     _check_numbers(parsed)
     if not parsed.data_dir.strip():

@@ -95,6 +95,17 @@ def plan_ports(
     return ports[:count], ports[count:]
 
 
+# Settings `xr up` sets for each region itself, and what sets them instead of `--set`.
+_PER_REGION = {
+    "data_dir": "under --dir",
+    "region.name": "--regions or --region",
+    "raft.address": "from --base-port",
+    "raft.peers": "the other regions",
+    "http.address": "from --base-port",
+    "http.advertise_address": "its http.address",
+}
+
+
 def _check_settings(
     options: UpOptions, names: list[str], http_ports: list[int], raft_ports: list[int]
 ) -> bool:
@@ -103,6 +114,11 @@ def _check_settings(
     whether it leaves Raft without a secret, and not by `raft.insecure`."""
     from node.config import ConfigError, load_config
 
+    for name in sorted(set(options.settings) & set(_PER_REGION)):
+        raise UpError(
+            f"invalid setting: {name}: xr up gives each region its own ({_PER_REGION[name]}), "
+            "not one for all by --set"
+        )
     data_dir = (options.base_dir or Path(tempfile.gettempdir()) / "xr-up") / names[0]
     overrides = {
         "region.name": names[0],

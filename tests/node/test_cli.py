@@ -33,7 +33,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.cli import main, xr
-from node.cli_common import ClientOptions, FiniteFloatRange, resolve_settings, table
+from node.cli_common import (
+    ClientOptions,
+    FiniteFloatRange,
+    one_line,
+    resolve_settings,
+    table,
+)
 from node.localcluster import SECRET_FILE
 from node.up import RAFT_PORT_OFFSET, STATE_FILE, UpError, _read_state
 from tests.raftstore.one_member import plain_frame
@@ -280,6 +286,29 @@ def test_arguments__any_text_gives_an_exit_code_and_no_traceback(
         code = main([*arguments, *_UNREACHABLE])
     assert code in (1, 2, 3), (code, err.getvalue())
     assert err.getvalue().count("\n") <= 5 and "Traceback" not in err.getvalue()
+
+
+def test_output_that_cannot_be_written_and_a_closed_stdin_are_one_line_errors() -> None:
+    """`> /dev/full` and a closed stdin (`<&-`) ended in tracebacks."""
+    with open("/dev/full", "w") as full:
+        ran = subprocess.run(
+            _xr_command("--help"), stdout=full, stderr=subprocess.PIPE, text=True,
+            env=_environment(), cwd=ROOT, timeout=60,
+        )  # fmt: skip
+    assert ran.returncode == 1
+    assert ran.stderr == "xr: io.failed: cannot write the output: No space left on device\n"
+    for arguments, said in [
+        (["kv", "put", "k", "-"], "no standard input to read it from"),
+        (["token", "hash"], "no standard input to read the token from"),
+    ]:
+        ran = subprocess.run(
+            _xr_command(*arguments), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            env=_environment(), cwd=ROOT, timeout=60,
+            # Closes the child's stdin, as `<&-` does.
+            preexec_fn=lambda: os.close(0),
+        )  # fmt: skip
+        assert ran.returncode == 2 and said in ran.stderr, ran.stderr
+        assert "Traceback" not in ran.stderr
 
 
 def test_table__aligns_columns_and_shows_none_as_dash() -> None:
@@ -620,6 +649,26 @@ def test_kv__put_get_ls_del(run: Callable[..., Ran]) -> None:
     assert missing.err == "xr: not_found: key 'cli/kv/a' does not exist\n"
 
 
+def test_kv__get_prints_a_value_as_stored_and_tables_escape_control_characters(
+    run: Callable[..., Ran],
+) -> None:
+    """`xr kv get K > file` dropped escape sequences from the value (click.echo strips them when
+    stdout is not a terminal); a table printed a key's or value's control characters raw, so
+    they could break its lines and drive the reader's terminal."""
+    value = "color \x1b[31mred\x1b[0m\rend"
+    key = "cli/ctl/k\x1b[2J\ty"
+    assert run("kv", "put", key, value).code == 0
+    assert run("kv", "get", key).out == value + "\n"
+    row = run("kv", "ls", "--prefix", "cli/ctl/").out.splitlines()[1]
+    assert row.startswith("cli/ctl/k\\x1b[2J\\ty  color \\x1b[31mred\\x1b[0m\\rend  "), row
+
+
+def test_one_line__escapes_controls_and_bidirectional_overrides_and_keeps_the_rest() -> None:
+    assert one_line("a\nb\tc\x1b[31m\r\x00\x7f\x85 \u202eevil\u2066 é ß 中") == (
+        "a\\nb\\tc\\x1b[31m\\r\\x00\\x7f\\x85 \\u202eevil\\u2066 é ß 中"
+    )
+
+
 def test_kv__a_failed_compare_and_set_is_a_definite_error(run: Callable[..., Ran]) -> None:
     revision = int(run("kv", "put", "cli/cas", "1").out.split()[1])
     assert run("kv", "put", "cli/cas", "2", "--expect-revision", str(revision)).code == 0
@@ -929,6 +978,9 @@ def test_up__raft_is_authenticated_with_a_secret_it_makes_and_a_stranger_is_refu
         ("nosuch=1", "unknown setting 'nosuch'"),
         ("raft.durability=maybe", "raft.durability"),
         ("http.wait_max_s=nan", "http.wait_max_s"),
+        # One value for every region: they would share one data directory (and journal).
+        ("data_dir=/tmp/xr-shared", "data_dir: xr up gives each region its own (under --dir)"),
+        ("raft.address=127.0.0.1:7001", "raft.address: xr up gives each region its own"),
     ],
 )
 def test_up__a_bad_setting_exits_two_before_any_node_starts(

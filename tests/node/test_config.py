@@ -138,6 +138,32 @@ def test_raft_off_loopback_needs_a_cluster_secret_and_the_secret_is_never_shown(
     assert "s3cret" not in str(raised.value)
 
 
+def test_an_error_in_a_table_does_not_show_the_table_and_its_secrets(tmp_path: Path) -> None:
+    """An unknown field in [raft] or in a token's entry showed the whole table, cluster secret
+    and token digest included; a wrong value in a table of labels was named `labels....`."""
+    path = tmp_path / "node.toml"
+    base = 'data_dir = "/tmp/x"\n[region]\nname = "r0"\n'
+    for text, named in [
+        (
+            '[raft]\naddress = "127.0.0.1:7001"\ncluster_secret = "s3cret-value"\nbogus = 1\n',
+            "setting raft: Object contains unknown field `bogus`",
+        ),
+        (
+            '[raft]\naddress = "127.0.0.1:7001"\n[[auth.tokens]]\nname = "a"\n'
+            'sha256 = "s3cret-value"\nrol = "admin"\n',
+            "setting auth.tokens.0: Object contains unknown field `rol`",
+        ),
+        (
+            'labels = { zone = 1 }\n[raft]\naddress = "127.0.0.1:7001"\n',
+            "setting region.labels in one of its entries: Expected `str`, got `int`",
+        ),
+    ]:
+        path.write_text(base + text)
+        with pytest.raises(ConfigError) as raised:
+            load_config(path=path, environ={})
+        assert str(raised.value) == named
+
+
 def test_an_empty_cluster_secret_file_is_refused(tmp_path: Path) -> None:
     # An empty file is a mistake (a secret not yet written, a wrong path), never a choice: a node
     # that read it as "no secret" would talk to its peers unauthenticated.

@@ -119,6 +119,14 @@ def test_restore__bad_arguments_and_an_unwritable_data_dir_are_clear_errors(
     )  # fmt: skip
     assert result.exit_code == 2
     assert "snapshot.invalid" not in result.output and "must be host:port" in result.output
+    # An empty directory (an unset variable) is not the working directory.
+    for empty in ("", " "):
+        result = _run(
+            "snapshot", "restore", str(file), "--data-dir", empty,
+            "--raft-address", "127.0.0.1:7001",
+        )  # fmt: skip
+        assert result.exit_code == 2 and "must not be empty" in result.output, result.output
+    assert not Path("raft").exists()
 
 
 def test_restore__refuses_a_corrupt_file_and_writes_nothing(tmp_path: Path) -> None:
