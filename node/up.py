@@ -222,7 +222,8 @@ def _start(
                 warn(f"--- last lines of {node.log_path}:")
                 warn(node.log_tail(3000).rstrip())
                 return False
-            if node.ready():
+            # Still running once ready: another process on its port could have answered.
+            if node.ready() and node.running:
                 echo(f"  {node.region}: ready")
                 waiting.remove(node)
         if waiting and time.monotonic() > deadline_s:
@@ -236,8 +237,25 @@ def _start(
     return True
 
 
-def _watch(cluster: LocalCluster, stops: _StopRequests, warn: Echo) -> None:
-    """Waits for a stop signal, reporting any node that exits on its own meanwhile."""
+def _check_not_running(base_dir: Path, names: list[str]) -> None:
+    """UpError when a node holds a region's data directory: the cluster in `base_dir` runs (a
+    second `xr up --dir` on it would find its ports taken, and its nodes would be answered by
+    the running ones')."""
+    from node.config import ConfigError
+    from node.data_dir import DataDirLock
+
+    for name in names:
+        try:
+            DataDirLock(base_dir / name).release()
+        except ConfigError as error:
+            raise UpError(f"the cluster in {base_dir} is running: {error}") from None
+        except OSError as error:
+            raise UpError(f"{base_dir / name} cannot be used: {error.strerror or error}") from None
+
+
+def _watch(cluster: LocalCluster, stops: _StopRequests, warn: Echo) -> bool:
+    """Waits for a stop signal (True), reporting any node that exits on its own meanwhile;
+    False when every node has exited."""
     reported: set[str] = set()
     while not stops.count:
         for node in cluster.nodes:
@@ -247,7 +265,11 @@ def _watch(cluster: LocalCluster, stops: _StopRequests, warn: Echo) -> None:
                     f"xr up: region {node.region} exited with code {node.exit_code}; "
                     f"its log is {node.log_path}"
                 )
+        if len(reported) == len(cluster.nodes):
+            warn("xr up: every region has exited")
+            return False
         time.sleep(_POLL_S * 2)
+    return True
 
 
 def _stop(cluster: LocalCluster, stops: _StopRequests, echo: Echo) -> None:
@@ -290,9 +312,9 @@ def _unfailing(echo: Echo) -> Echo:
 
 
 def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
-    """Runs the cluster until a stop signal: 0 after a clean stop, 1 if a node failed to start,
-    130 if interrupted while starting. Progress goes to `echo`, failures to `warn`. Raises
-    UpError before starting anything if it cannot do what `options` ask."""
+    """Runs the cluster until a stop signal: 0 after a clean stop, 1 if a node failed to start or
+    every node exited, 130 if interrupted while starting. Progress goes to `echo`, failures to
+    `warn`. Raises UpError before starting anything if it cannot do what `options` ask."""
     # A closed stdout (`xr up | head`) must not stop the nodes from being stopped.
     echo, warn = _unfailing(echo), _unfailing(warn)
     names = options.region_names
@@ -306,6 +328,8 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
         except OSError as error:
             raise UpError(f"--dir {base_dir} cannot be used: {error.strerror or error}") from None
         recorded = _read_state(base_dir, names)
+        if recorded is not None:
+            _check_not_running(base_dir, names)
     http_ports, raft_ports = plan_ports(names, base_port=options.base_port, recorded=recorded)
     needs_secret = _check_settings(options, names, http_ports, raft_ports)
     if options.base_dir is None:
@@ -342,8 +366,7 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
         echo(f"export XR_ENDPOINTS={','.join(cluster.urls)}")
         echo("")
         echo("the cluster is up; Ctrl-C stops it")
-        _watch(cluster, stops, warn)
-        return 0
+        return 0 if _watch(cluster, stops, warn) else 1
     finally:
         if cluster is not None:
             try:

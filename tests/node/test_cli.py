@@ -619,6 +619,32 @@ def run(up: UpProcess, capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]
     return run_xr
 
 
+def test_up__again_on_the_dir_of_a_running_cluster__is_refused(
+    up: UpProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed "the cluster is up" (the running cluster answered its readiness checks) while
+    its own nodes failed on the taken ports, then waited with no node, forever."""
+    capsys.readouterr()
+    assert main(["up", "--regions", "3", "--dir", str(up.base_dir)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(
+        f"xr: up.invalid: the cluster in {up.base_dir} is running: data_dir "
+        f"{up.base_dir / 'r0'} is in use by another node (pid {up.pids[0]})"
+    ), error
+
+
+def test_up__exits_one_when_every_region_has_exited(tmp_path: Path) -> None:
+    """It waited for Ctrl-C with no node left."""
+    running = UpProcess(tmp_path / "cluster", "--regions", "1")
+    try:
+        assert running.printed_endpoints.wait(UP_READY_S), running.output()
+        os.kill(running.pids[0], signal.SIGKILL)
+        assert running.process.wait(PROCESS_EXIT_S) == 1
+    finally:
+        running.kill()
+    assert "xr up: every region has exited" in running.error_lines, running.output()
+
+
 def test_up__prints_a_row_and_an_endpoint_per_region(up: UpProcess) -> None:
     assert len(up.pids) == 3
     assert len(up.endpoints.split(",")) == 3
