@@ -383,6 +383,15 @@ def open_client(settings: ClientSettings, *, endpoints: Sequence[str] | None = N
     # Imported here so `xr --help` and the node commands do not load the HTTP client.
     from xrcore.client import Client
 
+    token = settings.token
+    if token is not None and not (token and token.isascii() and token.isprintable()):
+        # It goes in a header, which a line break would end.
+        raise CommandFailed(
+            "usage",
+            "the token (--token, --token-file, XR_TOKEN or the client configuration) must be "
+            "printable ASCII characters, and not empty",
+            exit_code=EXIT_USAGE,
+        )
     try:
         return Client(
             list(settings.endpoints if endpoints is None else endpoints),
@@ -393,7 +402,7 @@ def open_client(settings: ClientSettings, *, endpoints: Sequence[str] | None = N
             key_file=settings.key_file,
         )
     except ValueError as error:
-        # The endpoints were checked already, so it is a TLS file.
+        # The endpoints and the token were checked already, so it is a TLS file.
         raise CommandFailed("tls.invalid", str(error), exit_code=EXIT_USAGE) from None
 
 

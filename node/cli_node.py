@@ -198,7 +198,9 @@ def _check_files(config: NodeConfig) -> None:
     if not config.executor.enabled:
         return
     from node.executor.checkpoints import tenant_area
-    from node.executor.executor import worker_environment
+    from node.executor.executor import check_paths, worker_environment
+
+    check_paths(config)
     from node.executor.job_user import Check, check_all, lookup
     from node.executor.sandbox_root import SandboxRoot
 

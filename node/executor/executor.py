@@ -105,6 +105,19 @@ def worker_environment(job_user: JobUser | None) -> dict[str, str]:
     return environment
 
 
+def check_paths(config: NodeConfig) -> None:
+    """ConfigError when the checkpoint directory is there and is not a directory, or when
+    `executor.python` is not a file the node can run (a job user's reach is `job_user.check`'s):
+    every task would fail to start, with a message that does not say why."""
+    checkpoints = config.checkpoint_dir
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise ConfigError(f"setting executor.checkpoint_dir: {checkpoints}: not a directory")
+    python = config.executor.python
+    if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        reason = "not an executable file" if os.path.exists(python) else "no such file"
+        raise ConfigError(f"setting executor.python: {python}: {reason}")
+
+
 def logs_path(data_dir: Path, job_id: str, task_index: int, attempt: int) -> Path:
     return data_dir / "logs" / job_id / f"{task_index}-{attempt}.log"
 
@@ -193,11 +206,13 @@ class Executor:
     # Life cycle.
 
     async def prepare(self) -> None:
-        """Makes the checkpoint directory; with `executor.job_user`, ConfigError when jobs could
-        not run as that user (`node.executor.job_user`). The node calls it before it starts
-        anything else, so such a node does not join the cluster. With
-        `executor.tenant_users`, the same for each tenant's user, over its area of the
-        checkpoint store, which it makes that user's alone."""
+        """Makes the checkpoint directory (ConfigError for one that is not a directory, or
+        an `executor.python` that is not there to run); with `executor.job_user`,
+        ConfigError when jobs could not run as that user (`node.executor.job_user`). The
+        node calls it before it starts anything else, so such a node does not join the
+        cluster. With `executor.tenant_users`, the same for each tenant's user, over its
+        area of the checkpoint store, which it makes that user's alone."""
+        check_paths(self.config)
         if self.tenant_users:
             require_root("executor.tenant_users")
         if self.job_user is not None:

@@ -288,6 +288,16 @@ def test_arguments__any_text_gives_an_exit_code_and_no_traceback(
     assert err.getvalue().count("\n") <= 5 and "Traceback" not in err.getvalue()
 
 
+@pytest.mark.parametrize("token", ["", "two\nlines", "caf\u00e9"])
+def test_a_token_that_no_header_can_carry__is_a_usage_error_naming_the_token(
+    token: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was reported as a TLS file that did not load (tls.invalid)."""
+    assert main(["kv", "get", "a", "--token", token, *_UNREACHABLE]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("xr: usage: the token (--token, --token-file, XR_TOKEN"), error
+
+
 def test_output_that_cannot_be_written_and_a_closed_stdin_are_one_line_errors() -> None:
     """`> /dev/full` and a closed stdin (`<&-`) ended in tracebacks."""
     with open("/dev/full", "w") as full:
@@ -317,6 +327,26 @@ def test_table__aligns_columns_and_shows_none_as_dash() -> None:
         "xyz  -",
         "     yes",
     ]
+
+
+def test_node_run_check__a_checkpoint_directory_or_python_that_cannot_work_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--check` passed both; the node then failed at start with "[Errno 17] File exists", or
+    started and failed every task with "No such file or directory", naming neither."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    arguments = ["node", "run", "--check", "--region", "r0", "--raft-address", "127.0.0.1:7001"]
+    arguments += ["--data-dir", str(tmp_path / "data")]
+    for setting, named in [
+        (f"executor.checkpoint_dir={a_file}", f"executor.checkpoint_dir: {a_file}: not a"),
+        ("executor.python=/nonexistent/python", "executor.python: /nonexistent/python: no such"),
+        (f"executor.python={a_file}", f"executor.python: {a_file}: not an executable file"),
+    ]:
+        capsys.readouterr()
+        assert main([*arguments, "--set", setting]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"xr node run: invalid configuration: setting {named}"), error
 
 
 def test_node_run__invalid_config_exits_two_naming_the_setting(
