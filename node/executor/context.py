@@ -75,6 +75,12 @@ class NonRetryableError(Exception):
     input data): the task fails at once instead of being retried."""
 
 
+class TaskRefused(NonRetryableError):
+    """xr's own refusal of a task (an unknown workload, a built-in workload's bad argument, an
+    entrypoint that names no function): its message says all, so the failure shows it without
+    a traceback of xr's code."""
+
+
 class Sender(Protocol):
     """Where the context's messages go: the worker's `Channel`, or a stand-in in tests."""
 

@@ -34,7 +34,7 @@ from node.executor import sandbox
 from node.executor.arrays import DeviceUnavailable, array_module, is_out_of_memory
 from node.executor.arrays import set_memory_limit as set_pool_limit
 from node.executor.checkpoints import FileCheckpointStore
-from node.executor.context import JobContext, NonRetryableError
+from node.executor.context import JobContext, NonRetryableError, TaskRefused
 from node.executor.protocol import (
     CONTROL_FD_ENV,
     EXIT_FAILED,
@@ -73,12 +73,12 @@ def resolve(task: TaskDescription) -> JobFunction:
             return WORKLOADS[task.workload]
         except KeyError:
             known = ", ".join(sorted(WORKLOADS))
-            raise NonRetryableError(
+            raise TaskRefused(
                 f"unknown workload {task.workload!r}; the built-in workloads are {known}"
             ) from None
     entrypoint = task.entrypoint or ""
     if ENTRYPOINT_PATTERN.fullmatch(entrypoint) is None:
-        raise NonRetryableError(f"entrypoint {entrypoint!r} is not of the form package.module:name")
+        raise TaskRefused(f"entrypoint {entrypoint!r} is not of the form package.module:name")
     module_name, function_name = entrypoint.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -89,7 +89,7 @@ def resolve(task: TaskDescription) -> JobFunction:
         ) from error
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise NonRetryableError(f"module {module_name!r} has no function {function_name!r}")
+        raise TaskRefused(f"module {module_name!r} has no function {function_name!r}")
     resolved: JobFunction = function
     return resolved
 
@@ -148,6 +148,8 @@ def _check_result(value: Any) -> dict[str, Any]:
 
 
 def _failure(error: BaseException, task: TaskDescription) -> Failed:
+    if isinstance(error, TaskRefused):
+        return Failed(error=str(error)[: MESSAGE_BYTES_MAX // 4], retryable=False)
     if isinstance(error, NonRetryableError):
         return Failed(error=describe_failure(error), retryable=False)
     missing = _missing_private_file(error) if task.private_tmp else None

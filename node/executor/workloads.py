@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from node.executor.arrays import synchronize, to_numpy
-from node.executor.context import JobContext, NonRetryableError
+from node.executor.context import JobContext, NonRetryableError, TaskRefused
 
 __all__ = ["WORKLOADS", "fft", "gemm", "mlp_train", "montecarlo"]
 
@@ -59,7 +59,7 @@ class _Args:
     def __init__(self, workload: str, args: Mapping[str, Any], known: tuple[str, ...]) -> None:
         unknown = sorted(set(args) - set(known))
         if unknown:
-            raise NonRetryableError(
+            raise TaskRefused(
                 f"{workload}: unknown argument(s) {', '.join(unknown)}; known: {', '.join(known)}"
             )
         self.workload = workload
@@ -68,7 +68,7 @@ class _Args:
     def integer(self, name: str, default: int, minimum: int, maximum: int) -> int:
         value = self.args.get(name, default)
         if type(value) is not int or not minimum <= value <= maximum:
-            raise NonRetryableError(
+            raise TaskRefused(
                 f"{self.workload}: {name} must be an integer in {minimum}..{maximum}, "
                 f"got {value!r:.80}"
             )
@@ -77,7 +77,7 @@ class _Args:
     def number(self, name: str, default: float, minimum: float, maximum: float) -> float:
         value = self.args.get(name, default)
         if type(value) not in (int, float) or not minimum <= value <= maximum:
-            raise NonRetryableError(
+            raise TaskRefused(
                 f"{self.workload}: {name} must be a number in {minimum}..{maximum}, "
                 f"got {value!r:.80}"
             )
@@ -86,7 +86,7 @@ class _Args:
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         value = self.args.get(name, default)
         if value not in choices:
-            raise NonRetryableError(
+            raise TaskRefused(
                 f"{self.workload}: {name} must be one of {', '.join(choices)}, got {value!r:.80}"
             )
         return str(value)

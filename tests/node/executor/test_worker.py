@@ -436,6 +436,28 @@ def test_worker__failures_another_attempt_would_repeat_are_not_retryable(
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        ({"workload": "nosuch"}, "unknown workload 'nosuch'; the built-in workloads are fft, "),
+        ({"workload": "gemm", "args": {"n": 0}}, "gemm: n must be an integer in 1..32768, got 0"),
+        ({"entrypoint": "no-module"}, "entrypoint 'no-module' is not of the form package.module"),
+        ({"entrypoint": f"{MODULE}:nothing"}, f"module '{MODULE}' has no function 'nothing'"),
+    ],
+)
+def test_worker__xrs_own_refusals_are_their_message_alone(
+    start: Any, task: dict[str, Any], message: str
+) -> None:
+    """They showed the traceback of xr's worker, which says nothing to the job's author."""
+    worker = start(**task)
+    code, messages = worker.finish()
+    assert code == EXIT_FAILED, worker.logs()
+    assert len(messages) == 1 and isinstance(messages[0], Failed)
+    assert messages[0].error.startswith(message) and "Traceback" not in messages[0].error
+    assert messages[0].retryable is False
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
     ("private_tmp", "path", "named"),
     [(True, "/tmp", True), (True, "/var/tmp", True), (False, "/tmp", False), (True, "/srv", False)],
 )
