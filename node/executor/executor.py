@@ -595,6 +595,19 @@ class Executor:
                 pass
             elif attempt.result is not None and exit_code == 0:
                 result = json.dumps(attempt.result, separators=(",", ":"))
+                # The progress since the last heartbeat (a task ends between two), so that the
+                # finished task shows where it ended, not where it was a heartbeat earlier.
+                with contextlib.suppress(XrError):
+                    await self._propose(
+                        TaskHeartbeat(
+                            job_id=attempt.job_id,
+                            task_index=attempt.task_index,
+                            token=attempt.token,
+                            done=attempt.done,
+                            total=attempt.total,
+                            metrics=attempt.metrics,
+                        )
+                    )
                 await self._propose_final(
                     TaskComplete(
                         job_id=attempt.job_id,

@@ -209,3 +209,12 @@ def fill_tmp(ctx: JobContext) -> dict[str, Any]:
         ctx.progress(1, 0)
         time.sleep(0.05)
     return {"held_for_s": ctx.args["hold_s"]}
+
+
+def count_to(ctx: JobContext) -> dict[str, Any]:
+    """Reports progress `ctx.args["n"]` times in quick succession, then ends."""
+    n = int(ctx.args["n"])
+    for done in range(1, n + 1):
+        ctx.progress(done, n)
+        time.sleep(0.01)
+    return {"counted": n}

@@ -110,6 +110,18 @@ def test_a_job_succeeds_and_its_output_is_served_as_logs(tmp_path: Path) -> None
     _run(tmp_path, body)
 
 
+def test_a_finished_task_shows_the_progress_it_ended_with(tmp_path: Path) -> None:
+    """Progress reaches the cluster with each heartbeat; a task that ended between two showed
+    where it was at the last one (a finished job at 1048576/10000000)."""
+
+    async def body(api: _Api) -> None:
+        job = await api.finished(await api.submit("count_to", args={"n": 30}))
+        assert job["state"] == "succeeded", job
+        assert (job["tasks"][0]["done"], job["tasks"][0]["total"]) == (30, 30), job
+
+    _run(tmp_path, body)
+
+
 def test_a_job_does_not_inherit_the_nodes_xr_variables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
