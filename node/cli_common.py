@@ -347,6 +347,8 @@ def resolve_settings(
     file = _read_client_config(config_path) if config_path else {}
     if given.token is not None and given.token_file is not None:
         raise click.UsageError("give --token or --token-file, not both")
+    if "token" in file and "token_file" in file:
+        raise click.UsageError(f"{config_path}: give token or token_file, not both")
     if given.endpoints is not None:
         endpoints = _normalize_endpoints(given.endpoints, where="--endpoints")
     elif environ.get("XR_ENDPOINTS"):

@@ -510,6 +510,9 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
         for name in parsed.raft.__struct_fields__
         if name in raft_fields and name not in ("cluster_secret", "peers")
     }
+    _check_address("raft.address", parsed.raft.address)
+    for peer in parsed.raft.peers:
+        _check_address("raft.peers", peer)
     try:
         raft = RaftConfig(
             self_address=parsed.raft.address,
@@ -599,8 +602,10 @@ def _check_numbers(parsed: _File) -> None:
 
 def _check_address(dotted: str, address: str) -> None:
     host, separator, port = address.rpartition(":")
-    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not separator or not host or not port.isdigit():
         raise ConfigError(f"setting {dotted}: {address!r} must be host:port")
+    if not 0 < int(port) < 65536:
+        raise ConfigError(f"setting {dotted}: {address!r}: the port must be 1 to 65535")
 
 
 def _check_positive(dotted: str, value: float) -> None:

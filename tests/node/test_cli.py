@@ -193,6 +193,17 @@ def test_settings__unknown_client_config_setting_is_a_usage_error(
     assert "unknown setting(s) endpoint" in capsys.readouterr().err
 
 
+def test_settings__a_token_and_a_token_file_in_one_client_config_is_a_usage_error(
+    tmp_path: Path,
+) -> None:
+    """The flags refused both; the file took the token and ignored the file."""
+    (tmp_path / "token").write_text("from-file\n")
+    config = tmp_path / "client.toml"
+    config.write_text(f'token = "inline"\ntoken_file = "{tmp_path / "token"}"\n')
+    with pytest.raises(click.UsageError, match="give token or token_file, not both"):
+        resolve_settings(ClientOptions(config_file=str(config)), {})
+
+
 def test_settings__files_that_are_not_utf8_or_a_nan_timeout_are_usage_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
