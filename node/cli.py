@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     from xrcore.errors import XrError
 
     arguments = sys.argv[1:] if argv is None else argv
+    if sys.stdout is None:
+        # Started with stdout closed (`>&-`): what a command prints would be lost unseen.
+        click.echo(error_line("usage", "standard output is closed"), err=True)
+        return EXIT_USAGE
     # Python passes an argument that is not UTF-8 on as text with surrogate escapes, which no
     # request can carry. The command of `xr lock run` (after `--`) may hold any bytes.
     for argument in arguments[: arguments.index("--") if "--" in arguments else None]:

@@ -89,6 +89,7 @@ def kv_get(key: str) -> int:
 @click.option(
     "--session",
     "session_id",
+    callback=non_empty,
     metavar="ID",
     help="Tie the key to a session: it is deleted when the session ends.",
 )

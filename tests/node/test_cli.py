@@ -299,6 +299,14 @@ def test_arguments__any_text_gives_an_exit_code_and_no_traceback(
     assert err.getvalue().count("\n") <= 5 and "Traceback" not in err.getvalue()
 
 
+def test_an_empty_session_is_a_usage_error_for_kv_put_as_for_the_lock_commands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It went to the cluster and came back as a definite error (exit 1)."""
+    assert main(["kv", "put", "k", "v", "--session", "", *_UNREACHABLE]) == 2
+    assert "'--session': must not be empty" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("token", ["", "two\nlines", "caf\u00e9"])
 def test_a_token_that_no_header_can_carry__is_a_usage_error_naming_the_token(
     token: str, capsys: pytest.CaptureFixture[str]
@@ -318,6 +326,12 @@ def test_output_that_cannot_be_written_and_a_closed_stdin_are_one_line_errors() 
         )  # fmt: skip
     assert ran.returncode == 1
     assert ran.stderr == "xr: io.failed: cannot write the output: No space left on device\n"
+    ran = subprocess.run(
+        _xr_command("kv", "get", "k"), capture_output=True, text=True, env=_environment(),
+        cwd=ROOT, timeout=60, preexec_fn=lambda: os.close(1),
+    )  # fmt: skip
+    assert ran.returncode == 2
+    assert ran.stderr == "xr: usage: standard output is closed\n", ran.stderr
     for arguments, said in [
         (["kv", "put", "k", "-"], "no standard input to read it from"),
         (["token", "hash"], "no standard input to read the token from"),
