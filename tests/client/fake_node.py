@@ -2,7 +2,8 @@
 
 A `FakeNode` answers each request to a route (`"PUT /v1/kv/a"`, or `"*"` for any) with the next
 of its scripted replies; the last reply repeats. A reply can also drop the connection without
-answering, or stream a body of a given length (an answer too long to read). Every request is
+answering, stream a body of a given length (an answer too long to read), or answer text that is
+not JSON (what a web server that is not an xr node answers). Every request is
 recorded (method, path, query, headers, body) for the test to read.
 The nodes run on an event loop in a thread of their own, so sync and async clients can both be
 pointed at them.
@@ -15,7 +16,7 @@ import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -35,6 +36,8 @@ class Reply:
     # when `announced` (else chunked); the bytes the reader took are counted in `FakeNode.streamed`.
     stream_bytes: int = 0
     announced: bool = False
+    # Answer this text (as text/html) instead of `document`.
+    text: str | None = None
 
 
 DROP = Reply(drop=True)
@@ -102,6 +105,13 @@ class FakeNode:
             return web.Response()
         if reply.stream_bytes:
             return await self._stream(request, reply)
+        if reply.text is not None:
+            return web.Response(
+                text=reply.text,
+                status=reply.status,
+                headers=reply.headers,
+                content_type="text/html",
+            )
         return web.json_response(reply.document, status=reply.status, headers=reply.headers)
 
     async def _stream(self, request: web.Request, reply: Reply) -> web.StreamResponse:
@@ -123,6 +133,9 @@ class FakeNode:
         return response
 
 
+Served = TypeVar("Served", bound=FakeNode)
+
+
 class FakeNodes:
     """Starts `FakeNode`s on a private loop thread; `close()` stops them all."""
 
@@ -133,7 +146,10 @@ class FakeNodes:
         self._runners: list[web.AppRunner] = []
 
     def add(self, routes: Mapping[str, list[Reply]]) -> FakeNode:
-        node = FakeNode(routes)
+        return self.serve(FakeNode(routes))
+
+    def serve(self, node: Served) -> Served:
+        """Serves `node` (a `FakeNode`, or one whose `handle` answers otherwise)."""
         node.url = asyncio.run_coroutine_threadsafe(self._serve(node), self._loop).result(10)
         return node
 

@@ -24,6 +24,7 @@ from xrcore.errors import (
     LockNotHeld,
     NotFound,
     Timeout,
+    XrError,
 )
 
 pytestmark = pytest.mark.integration
@@ -454,3 +455,94 @@ def test_a_node_that_waits_less_than_the_client_asks__serves_its_long_polls(
             assert granted and granted[0] > lease.token
     finally:
         local.kill()
+
+
+# Many writes in flight from one client.
+
+
+def test_many_concurrent_puts_from_one_async_client__all_apply(
+    healthy: LocalCluster, prefix: str
+) -> None:
+    """The cluster keeps the results of a client's 32 newest seqs; of 1,000 puts at once, some
+    used to be refused as too old (`RequestTooOld`) once newer seqs had overtaken them (a 429
+    retried after its Retry-After, say). The client keeps at most 32 writes in flight, so every
+    one is applied and answered."""
+    count = 1000
+
+    async def scenario() -> None:
+        async with AsyncClient(healthy.urls, timeout_s=WAIT_S) as client:
+            await asyncio.gather(
+                *(client.kv.put(f"{prefix}{number:04}", str(number)) for number in range(count))
+            )
+            listed = [item async for item in client.kv.list(prefix)]
+        assert [(item.key, item.text) for item in listed] == [
+            (f"{prefix}{number:04}", str(number)) for number in range(count)
+        ]
+        assert all(item.version == 1 for item in listed)
+
+    asyncio.run(scenario())
+
+
+def test_many_threads_sharing_one_client__every_write_applies(
+    healthy: LocalCluster, prefix: str
+) -> None:
+    threads_count, writes_count = 100, 20
+    failures: list[BaseException] = []
+    with Client(healthy.urls, timeout_s=WAIT_S) as client:
+
+        def write(thread: int) -> None:
+            try:
+                for number in range(writes_count):
+                    client.kv.put(f"{prefix}{thread:03}-{number}", "v")
+            except BaseException as error:
+                failures.append(error)
+
+        threads = [
+            threading.Thread(target=write, args=(number,)) for number in range(threads_count)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        assert not failures, failures[:3]
+        assert len(list(client.kv.list(prefix))) == threads_count * writes_count
+
+
+# Closing a client inside a lock block.
+
+
+def test_client_closed_inside_a_lock_block__the_lease_is_lost_and_its_successor_fenced(
+    healthy: LocalCluster, prefix: str
+) -> None:
+    name = f"{prefix}lock"
+    holder = Client(healthy.urls)
+    with (
+        pytest.raises(LockLost, match="the client was closed"),
+        holder.lock(name, ttl_s=1) as lease,
+    ):
+        holder.close()
+        assert lease.lost
+        # Its session, no longer kept alive, expires, and the lock passes on.
+        with Client(healthy.urls) as rival, rival.lock(name, ttl_s=5, wait_s=WAIT_S) as won:
+            assert won.token > lease.token
+        with pytest.raises(LockLost, match="no longer kept alive"):
+            lease.check()
+
+
+# An endpoint that is not the API.
+
+
+def test_endpoint_with_a_path__a_missing_route_is_not_a_missing_key(healthy: LocalCluster) -> None:
+    with Client(f"{healthy.urls[0]}/prefix", timeout_s=5) as client:
+        with pytest.raises(XrError, match=r"has no such route \(no route /prefix/v1/kv/k") as got:
+            client.kv.get("k")
+        assert not isinstance(got.value, NotFound)
+        for read in (
+            lambda: client.sessions.get("s1"),
+            lambda: client.locks.get("l"),
+            lambda: client.jobs.get("job-1"),
+            lambda: client.regions.get("r0"),
+        ):
+            with pytest.raises(XrError, match="no such route") as raised:
+                read()
+            assert not isinstance(raised.value, NotFound)

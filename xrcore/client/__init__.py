@@ -17,9 +17,30 @@ Endpoints are URLs (`https://10.0.0.1:8700`) or a bare `host:port` (plain http);
 Calls fail over between the given endpoints and retry until their deadline; writes carry an
 idempotency key so the cluster applies each exactly once however often it is retried. Errors are
 the classes of `xrcore.errors`, rebuilt from the server's error codes, plus `LockLost`,
-`SessionLost` and `LockNotGranted`, which only the client raises. An answer is read up to
-1 GiB: a longer one (from something at an endpoint that is not an xr node, or a broken one) fails
-that try as a lost answer would, and the call goes on to the next endpoint.
+`SessionLost` and `LockNotGranted`, which only the client raises.
+
+The cluster remembers the results of a client's 32 newest writes, which is what a retry is
+answered from, so a client has at most 32 writes in flight: more (1,000 `kv.put`s gathered on
+one `AsyncClient`, 100 threads sharing one `Client`) wait their turn, oldest first, within their
+own `timeout_s` (`ClusterUnavailable`, definite, if their turn does not come in time). A write
+that long-polls (a lock acquire waiting in the lock's queue) takes no turn and holds up no
+other write. Two clients running at the same time need a `client_id` each: with the same one,
+the older one's writes fail with `RequestTooOld` once the newer has made 32 writes.
+
+An answer that is not the API's is never taken for one. An answer is read up to 1 GiB: a
+longer one (from something at an endpoint that is not an xr node, or a broken one) fails that
+try as a lost answer would, and the call goes on to the next endpoint; so does a 2xx answer
+whose body is not a JSON object (a web server's page). An answer without a field the method
+reads raises `XrError` (indefinite: the request may have taken effect). A 404 that is not the
+node's own "no such key" (a web server's "404: Not Found", or the node's "no route" for an
+endpoint URL with a path after the port) raises `XrError` naming the path: a `get` returns None
+only for an object that does not exist.
+
+Closing a client ends the keep-alives of the `session()` and `lock()` blocks still running, so
+their sessions and locks are marked lost at once: `lost` turns true, and `check()` and leaving
+the block raise `LockLost` (or `SessionLost`). A blocking `next()` of a watch that is interrupted
+(KeyboardInterrupt, an exception from a signal handler) can be called again and takes up where
+it was; see `Stream`.
 
 Arguments are checked before anything is sent, with the cluster's own rules (`xrcore`'s checks
 and limits), and the error names the argument: a wrong type raises TypeError (True is not an

@@ -44,8 +44,11 @@ from xrcore.client._models import (
     TokenValidation,
     WatchEvent,
     convert,
+    delete_result,
+    field,
+    key_page,
     key_value,
-    watch_event,
+    watch_page,
 )
 from xrcore.client._transport import (
     NotUtf8,
@@ -249,7 +252,7 @@ class AsyncKv:
             revision = check_int("expected_mod_revision", expected_mod_revision, 0)
             query = {"expected_mod_revision": str(revision)}
         document = await self._transport.call("DELETE", path, query=query, write=True)
-        return DeleteResult(deleted=bool(document["deleted"]), revision=document["revision"])
+        return delete_result(document)
 
     async def range(
         self, prefix: str = "", *, limit: int = 100, after: str | None = None
@@ -261,12 +264,7 @@ class AsyncKv:
         query = {"prefix": prefix, "limit": str(limit)}
         if after is not None:
             query["after"] = check_key_argument("after", after)
-        document = await self._transport.call("GET", "/v1/kv", query=query)
-        return KeyPage(
-            items=tuple(key_value(item) for item in document["items"]),
-            next=document["next"],
-            revision=document["revision"],
-        )
+        return key_page(await self._transport.call("GET", "/v1/kv", query=query))
 
     async def list(self, prefix: str = "") -> AsyncGenerator[KeyValue, None]:
         """Every key starting with `prefix`, page after page (each page is a separate read)."""
@@ -304,15 +302,15 @@ class AsyncKv:
                 allowance.failed(error)
                 continue
             allowance.succeeded()
-            for item in document["events"]:
-                event = watch_event(item)
+            events, answered_next_revision = watch_page(document)
+            for event in events:
                 # An answer never repeats what was delivered, but a watcher must not see an
                 # event twice even if a server did.
                 if event.revision < next_revision:
                     continue
                 next_revision = event.revision + 1
                 yield event
-            next_revision = max(next_revision, int(document["next_revision"]))
+            next_revision = max(next_revision, answered_next_revision)
 
 
 class AsyncSessions:
@@ -405,7 +403,7 @@ class AsyncLocks:
             body={"session_id": session_id},
             write=True,
         )
-        return bool(document.get("released", False))
+        return field(document, "released", bool)
 
     async def get(self, name: str) -> LockInfo | None:
         """The holder, token and queue of the lock, or None when nobody holds it."""
@@ -461,7 +459,7 @@ class AsyncJobs:
         check_body(spec)
         _check_spec(spec)
         document = await self._transport.call("POST", "/v1/jobs", body=spec, write=True)
-        return str(document["job_id"])
+        return field(document, "job_id", str)
 
     async def get(self, job_id: str) -> Job | None:
         try:
@@ -491,12 +489,12 @@ class AsyncJobs:
         path = f"{_job_path(job_id)}/cancel"
         check_text("reason", check_str("reason", reason), MESSAGE_BYTES_MAX)
         document = await self._transport.call("POST", path, body={"reason": reason}, write=True)
-        return int(document["cancelled_tasks"])
+        return field(document, "cancelled_tasks", int)
 
     async def events(self, job_id: str) -> tuple[JobEvent, ...]:
         """The job's timeline: submission, then each attempt's start and end, in time order."""
         document = await self._transport.call("GET", f"{_job_path(job_id)}/events")
-        return convert(document["events"], tuple[JobEvent, ...])
+        return field(document, "events", tuple[JobEvent, ...])
 
     async def logs(
         self,
@@ -555,7 +553,7 @@ class AsyncRegions:
 
     async def list(self) -> tuple[Region, ...]:
         document = await self._transport.call("GET", "/v1/regions")
-        return convert(document["items"], tuple[Region, ...])
+        return field(document, "items", tuple[Region, ...])
 
     async def get(self, name: str) -> Region | None:
         try:
@@ -572,7 +570,7 @@ class AsyncTenants:
     async def list(self) -> tuple[Tenant, ...]:
         """Tenants whose scheduling settings were set (others have the defaults)."""
         document = await self._transport.call("GET", "/v1/tenants")
-        return convert(document["items"], tuple[Tenant, ...])
+        return field(document, "items", tuple[Tenant, ...])
 
     async def set(
         self,
@@ -607,7 +605,7 @@ class AsyncTenants:
             },
             write=True,
         )
-        return bool(document["created"])
+        return field(document, "created", bool)
 
 
 class AsyncCluster:
@@ -620,7 +618,7 @@ class AsyncCluster:
 
     async def members(self) -> tuple[Member, ...]:
         document = await self._transport.call("GET", "/v1/cluster/members")
-        return convert(document["items"], tuple[Member, ...])
+        return field(document, "items", tuple[Member, ...])
 
     async def transfer_leader(self, region: str) -> bool:
         """Moves leadership to `region`'s node; False when it already leads."""
@@ -628,7 +626,7 @@ class AsyncCluster:
         document = await self._transport.call(
             "POST", "/v1/cluster/transfer-leader", body={"region": region}
         )
-        return bool(document["transferred"])
+        return field(document, "transferred", bool)
 
 
 def _key_path(key: str) -> str:

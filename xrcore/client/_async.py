@@ -8,7 +8,7 @@ synchronous `Client`.
 
 A client lives on the event loop that first uses it. Calls fail over between endpoints and retry
 within `timeout_s` (see `_transport`); writes are applied exactly once however often they are
-retried.
+retried. A client has at most 32 writes in flight; more wait their turn (`_transport`, rule 2).
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ class AsyncClient:
     `token`: the bearer token, when the cluster has authentication on. `timeout_s`: the deadline
     of one call, all tries on all endpoints together (a long poll adds its wait). `client_id`: the
     name under which the cluster remembers this client's writes for exactly-once retries; random
-    unless given. `retry_s`: how long a long-lived loop (a watch, `jobs.wait`) rides out a cluster
+    unless given. Two clients running at the same time must not share one: the cluster keeps
+    the results of the 32 newest writes of a `client_id`, and the newer client's writes are
+    numbered above the older one's, so once the newer has made 32 writes, the older one's fail
+    with `RequestTooOld`. (A client restarted with the id of one that has stopped is fine.)
+    `retry_s`: how long a long-lived loop (a watch, `jobs.wait`) rides out a cluster
     that answers no call before it raises. `ca_file`: PEM file of the CA that signed the
     nodes' certificates, for `https://` endpoints (default: the system's CAs). `cert_file` and
     `key_file`: this client's certificate and key, for a cluster that requires client
@@ -120,10 +124,15 @@ class AsyncClient:
         )
 
     async def close(self) -> None:
-        """Stops every keeper (their sessions expire at the end of their TTLs) and closes the
-        connections. Safe to call twice."""
+        """Closes the connections and stops keeping alive the sessions of the `session()` and
+        `lock()` blocks still running: their sessions expire at the end of their TTLs and their
+        locks pass on, so each is marked lost at once (`lost`, `check()` raises `SessionLost` or
+        `LockLost`, and so does leaving the block). Safe to call twice."""
         for keeper in list(self._keepers):
-            await keeper.stop()
+            await keeper.stop(
+                lost_reason=f"the client was closed, so session {keeper.session_id} is no longer "
+                "kept alive"
+            )
         await self._transport.close()
 
     async def __aenter__(self) -> AsyncClient:

@@ -6,8 +6,10 @@ releases the lock, in the same log entry, and hands it to the next waiter).
 
 The keeper marks the session lost when a keep-alive answers `NotFound` (revoked or expired), when
 a whole TTL passes without a successful keep-alive (the TTL is counted from when the last
-successful one was sent, so the client gives up no later than the cluster can), or, for a lock,
-when the session no longer holds the lock.
+successful one was sent, so the client gives up no later than the cluster can), for a lock,
+when the session no longer holds the lock, and when the client is closed while the block still
+runs: the session is no longer renewed, so it expires and the lock passes on, and the code in
+the block must not go on believing it holds them.
 
 Loss reaches the code in the block, never asynchronously: `lost` turns true, `check()` raises,
 and leaving the block raises (a block that raised its own error keeps it, with a note). The block
@@ -93,10 +95,13 @@ class _Keeper:
         self._keepers.add(self)
         self._task = asyncio.ensure_future(self._run())
 
-    async def stop(self) -> None:
+    async def stop(self, *, lost_reason: str | None = None) -> None:
         """Stops renewing. Whether the session was lost is settled now: once its block has
-        ended, a session no longer renewed does not turn lost."""
+        ended, a session no longer renewed does not turn lost. `lost_reason`: the block has not
+        ended (the client is closing), so the session is lost for that reason from now on."""
         self._check_deadline()
+        if lost_reason is not None:
+            self._lose(lost_reason)
         self._stopped = True
         self._keepers.discard(self)
         if self._task is not None:
@@ -262,6 +267,17 @@ class SessionContext:
         if reason is not None:
             _report_loss(error, SessionLost(reason))
 
+    def leave_closed(self, error: BaseException | None) -> None:
+        """Leaves the block of a client that was closed inside it (nothing can be sent): the
+        close marked the session lost, and that is reported as `__aexit__` would."""
+        keeper = self._keeper
+        if keeper is None:
+            raise RuntimeError("the client was closed while this block was being left")
+        self._keeper = None
+        reason = keeper.lost_reason
+        if reason is not None:
+            _report_loss(error, SessionLost(reason))
+
 
 class LockContext:
     """`async with client.lock(name, ttl_s=..., wait_s=...) as lease:`"""
@@ -333,5 +349,16 @@ class LockContext:
             self._sessions.revoke(keeper.session_id),
             f"releasing lock {self._name!r} (revoking session {keeper.session_id})",
         )
+        if loss is not None:
+            _report_loss(error, loss)
+
+    def leave_closed(self, error: BaseException | None) -> None:
+        """Leaves the block of a client that was closed inside it (nothing can be sent): the
+        close marked the lock lost, and that is reported as `__aexit__` would."""
+        lease = self._lease
+        if lease is None:
+            raise RuntimeError("the client was closed while this block was being left")
+        self._lease = None
+        loss = lease._loss()
         if loss is not None:
             _report_loss(error, loss)

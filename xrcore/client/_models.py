@@ -4,11 +4,14 @@ JSON answers.
 Field names and units are the API's (`ttl_ms`, `granted_at_ms`), so a value read here means the
 same as in the API's description. Unknown fields in an answer are ignored, so a newer server
 does not break an older client. KV values are bytes; `KeyValue.text` decodes them as UTF-8.
+
+Every answer is read through `convert` or `field`, never by indexing: an answer without a field
+the client reads, or with a value of another type, raises the same indefinite `XrError` ("the
+server's answer is not ..."), never a KeyError or TypeError.
 """
 
 from __future__ import annotations
 
-import base64
 from typing import Any, Literal, TypeVar
 
 import msgspec
@@ -40,8 +43,12 @@ __all__ = [
     "TokenValidation",
     "WatchEvent",
     "convert",
+    "delete_result",
+    "field",
+    "key_page",
     "key_value",
     "watch_event",
+    "watch_page",
 ]
 
 T = TypeVar("T")
@@ -56,11 +63,17 @@ def convert(document: Any, kind: type[T]) -> T:
         raise XrError(f"the server's answer is not a {kind.__name__}: {error}") from None
 
 
-def _bytes(document: dict[str, Any]) -> bytes | None:
-    encoded = document.get("value_base64")
-    if encoded is None:
-        return None
-    return base64.b64decode(encoded)
+def field(document: Any, name: str, kind: type[T]) -> T:
+    """The field `name` of an answer, as `kind`; `convert`'s `XrError` when the answer has no
+    such field or its value is of another type."""
+    if not isinstance(document, dict) or name not in document:
+        raise XrError(f"the server's answer has no field {name!r}")
+    try:
+        return msgspec.convert(document[name], kind)
+    except msgspec.ValidationError as error:
+        raise XrError(
+            f"the server's answer's field {name!r} is not a {kind.__name__}: {error}"
+        ) from None
 
 
 # KV.
@@ -81,15 +94,31 @@ class KeyValue(msgspec.Struct, frozen=True, kw_only=True):
         return self.value.decode()
 
 
-def key_value(document: dict[str, Any]) -> KeyValue:
-    return KeyValue(
-        key=document["key"],
-        value=_bytes(document) or b"",
-        create_revision=document["create_revision"],
-        mod_revision=document["mod_revision"],
-        version=document["version"],
-        session_id=document.get("session_id"),
-    )
+class _KeyValueAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """A key as the API answers it: the value in base64 (its `value` field is text, which not
+    every value is)."""
+
+    key: str
+    value_base64: bytes | None = None
+    create_revision: int
+    mod_revision: int
+    version: int
+    session_id: str | None = None
+
+    def value(self) -> KeyValue:
+        return KeyValue(
+            key=self.key,
+            value=self.value_base64 or b"",
+            create_revision=self.create_revision,
+            mod_revision=self.mod_revision,
+            version=self.version,
+            session_id=self.session_id,
+        )
+
+
+def key_value(document: Any) -> KeyValue:
+    """The answer of a key's read."""
+    return convert(document, _KeyValueAnswer).value()
 
 
 class PutResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,12 +134,40 @@ class DeleteResult(msgspec.Struct, frozen=True, kw_only=True):
     revision: int
 
 
+class _DeleteAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    # How many keys were deleted, 0 or 1 (a bool from other versions).
+    deleted: bool | int
+    revision: int
+
+
+def delete_result(document: Any) -> DeleteResult:
+    """The answer of a delete."""
+    answer = convert(document, _DeleteAnswer)
+    return DeleteResult(deleted=bool(answer.deleted), revision=answer.revision)
+
+
 class KeyPage(msgspec.Struct, frozen=True, kw_only=True):
     items: tuple[KeyValue, ...]
     # The key to pass as `after` for the next page; None on the last page.
     next: str | None
     # The store's revision the page was read at: watch from `revision + 1` to see later changes.
     revision: int
+
+
+class _KeyPageAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    items: tuple[_KeyValueAnswer, ...]
+    next: str | None
+    revision: int
+
+
+def key_page(document: Any) -> KeyPage:
+    """The answer of a range read."""
+    answer = convert(document, _KeyPageAnswer)
+    return KeyPage(
+        items=tuple(item.value() for item in answer.items),
+        next=answer.next,
+        revision=answer.revision,
+    )
 
 
 class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,15 +185,42 @@ class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
         return None if self.value is None else self.value.decode()
 
 
-def watch_event(document: dict[str, Any]) -> WatchEvent:
-    return WatchEvent(
-        revision=document["revision"],
-        kind=document["kind"],
-        key=document["key"],
-        value=_bytes(document),
-        create_revision=document["create_revision"],
-        version=document["version"],
-    )
+class _WatchEventAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    revision: int
+    kind: Literal["put", "delete"]
+    key: str
+    # None for a delete.
+    value_base64: bytes | None = None
+    create_revision: int
+    version: int
+
+    def value(self) -> WatchEvent:
+        return WatchEvent(
+            revision=self.revision,
+            kind=self.kind,
+            key=self.key,
+            value=self.value_base64,
+            create_revision=self.create_revision,
+            version=self.version,
+        )
+
+
+def watch_event(document: Any) -> WatchEvent:
+    """One event of a watch's answer."""
+    return convert(document, _WatchEventAnswer).value()
+
+
+class _WatchAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    events: tuple[_WatchEventAnswer, ...]
+    # Where the next poll starts.
+    next_revision: int
+
+
+def watch_page(document: Any) -> tuple[tuple[WatchEvent, ...], int]:
+    """The answer of one poll of a watch: its events, oldest first, and where the next poll
+    starts."""
+    answer = convert(document, _WatchAnswer)
+    return tuple(event.value() for event in answer.events), answer.next_revision
 
 
 # Sessions and locks.

@@ -21,9 +21,9 @@ import contextlib
 import inspect
 import threading
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from xrcore.client._api import (
     AsyncCluster,
@@ -70,6 +70,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 # How long closing waits for the loop thread to finish; it is a daemon, so a stuck one is left.
 _CLOSE_JOIN_S = 10.0
 
@@ -87,25 +88,40 @@ class _Loop:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    @property
+    def closing(self) -> bool:
+        """Whether `close` has begun (the loop may still run)."""
+        return self._closing
+
     def run(self, work: Awaitable[T], *, timeout_s: float | None = None) -> T:
         """Runs `work` on the loop and waits for its result (or its exception) here; with
         `timeout_s`, at most that long (TimeoutError, and the work is cancelled)."""
+        future = self.start(work)
+        try:
+            return self.result(future, timeout_s=timeout_s)
+        except BaseException:
+            # KeyboardInterrupt and the like: do not leave the call running on the loop.
+            future.cancel()
+            raise
+
+    def start(self, work: Awaitable[T]) -> concurrent.futures.Future[T]:
+        """Starts `work` on the loop; `result` waits for it."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("a Client method was called from the client's own event loop")
         if self.loop.is_closed():
             if inspect.iscoroutine(work):
                 work.close()
             raise RuntimeError("the client is closed")
-        future = asyncio.run_coroutine_threadsafe(_awaited(work), self.loop)
+        return asyncio.run_coroutine_threadsafe(_awaited(work), self.loop)
+
+    def result(self, future: concurrent.futures.Future[T], *, timeout_s: float | None = None) -> T:
+        """The result of work `start`ed, waited for here (an interruption of the wait, such as
+        KeyboardInterrupt, is raised and leaves the work running)."""
         try:
             return future.result(timeout_s)
         except concurrent.futures.CancelledError:
             if self._closing:
                 raise RuntimeError("the client was closed while this call ran") from None
-            raise
-        except BaseException:
-            # KeyboardInterrupt and the like: do not leave the call running on the loop.
-            future.cancel()
             raise
 
     def close(self) -> None:
@@ -147,12 +163,23 @@ async def _next_of(items: AsyncIterator[T]) -> list[T]:
 
 class Stream(Generic[T]):
     """A blocking iterator over an asynchronous one on the client's loop (`kv.list`,
-    `kv.watch`). `close()` (or leaving a `with` block) stops it and frees its request."""
+    `kv.watch`). `close()` (or leaving a `with` block) stops it and frees its request.
+
+    A `next()` interrupted while it waits (KeyboardInterrupt, an exception raised by a signal
+    handler) leaves the step it waited for running: the stream's next `next()` takes up that
+    same step, so no item is lost or repeated. A stream that raised an error of its own (a
+    watch's `Compacted`, or an outage longer than `retry_s`) has ended: a later `next()` raises
+    RuntimeError naming that error, never StopIteration, so a watch, which never ends by
+    itself, does not look finished. Open a new one (a watch from the revision after the last
+    event received)."""
 
     def __init__(self, loop: _Loop, items: AsyncIterator[T]) -> None:
         self._loop = loop
         self._items = items
         self._closed = False
+        # The step a `next()` was interrupted in, which the next `next()` takes up.
+        self._pending: concurrent.futures.Future[list[T]] | None = None
+        self._failure: BaseException | None = None
 
     def __iter__(self) -> Stream[T]:
         return self
@@ -160,7 +187,24 @@ class Stream(Generic[T]):
     def __next__(self) -> T:
         if self._closed:
             raise StopIteration
-        found = self._loop.run(_next_of(self._items))
+        if self._failure is not None:
+            raise RuntimeError(
+                f"this stream ended with {type(self._failure).__name__}: {self._failure}; open "
+                "a new one (a watch from the revision after the last event received)"
+            ) from self._failure
+        if self._pending is None:
+            self._pending = self._loop.start(_next_of(self._items))
+        pending = self._pending
+        try:
+            found = self._loop.result(pending)
+        except BaseException as error:
+            if pending.done() and not pending.cancelled() and pending.exception() is error:
+                # The stream's own error, which ended it. Anything else interrupted the wait,
+                # and the step goes on for the next `next()` to take up.
+                self._pending = None
+                self._failure = error
+            raise
+        self._pending = None
         if not found:
             self._closed = True
             raise StopIteration
@@ -170,6 +214,9 @@ class Stream(Generic[T]):
         if self._closed:
             return
         self._closed = True
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
         closing = getattr(self._items, "aclose", None)
         if closing is not None and not self._loop.loop.is_closed():
             # Bounded: after an interrupt the generator may still be finishing its cancelled
@@ -189,11 +236,27 @@ class Stream(Generic[T]):
         self.close()
 
 
+class _HeldBlock(Protocol[T_co]):
+    """`SessionContext` and `LockContext`, as `_Block` uses them."""
+
+    async def __aenter__(self) -> T_co: ...
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None: ...
+
+    def leave_closed(self, error: BaseException | None) -> None: ...
+
+
 class _Block(Generic[T]):
     """A blocking context manager over an asynchronous one on the client's loop. What
-    `__aexit__` raises (a lost lock) is raised in the thread that leaves the block."""
+    `__aexit__` raises (a lost lock) is raised in the thread that leaves the block, also when
+    the client was closed inside the block (which marks its session or lock lost)."""
 
-    def __init__(self, loop: _Loop, block: AbstractAsyncContextManager[T]) -> None:
+    def __init__(self, loop: _Loop, block: _HeldBlock[T]) -> None:
         self._loop = loop
         self._block = block
 
@@ -205,8 +268,18 @@ class _Block(Generic[T]):
         kind: type[BaseException] | None,
         error: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool | None:
-        return self._loop.run(self._block.__aexit__(kind, error, traceback))
+    ) -> None:
+        if not self._loop.closing:
+            try:
+                self._loop.run(self._block.__aexit__(kind, error, traceback))
+                return
+            except RuntimeError:
+                # Closed by another thread while this one was leaving.
+                if not self._loop.closing:
+                    raise
+        # The client was closed inside the block: no request can be sent any more, and the
+        # close marked the session (and lock) lost, which is raised here as on any exit.
+        self._block.leave_closed(error)
 
 
 class Kv:
@@ -471,7 +544,10 @@ class Client:
         return _Block(self._loop, self._async.lock(name, ttl_s=ttl_s, wait_s=wait_s))
 
     def close(self) -> None:
-        """Closes the connections and stops the loop thread. Safe to call twice."""
+        """Closes the connections and stops the loop thread. The sessions and locks of blocks
+        still running (in any thread) are no longer kept alive and are marked lost at once, as
+        `AsyncClient.close` says: `check()` and leaving the block raise `LockLost` (or
+        `SessionLost`). Safe to call twice."""
         if self._loop.loop.is_closed():
             return
         try:

@@ -8,14 +8,33 @@ The rules, in the order a call meets them:
    call. Every try of the call re-sends the same key, so the state machine applies the write at
    most once and answers a repeat with the stored result. That stored answer is authoritative,
    so a definite error answered to a retry is raised as definite.
-3. No answer (refused, reset, timed out, or longer than `answer_bytes_max`), 5xx, or a node
-   without a leader: the next endpoint is tried; after each full round of endpoints the call
-   backs off (50 ms doubling to 1 s, with jitter).
+   The state machine keeps the results of only the newest `WRITES_IN_FLIGHT_MAX` (32) seqs of a
+   client and refuses an older seq as `RequestTooOld`. So writes go through a sliding window: a
+   write may draw seq n only while n - (the lowest seq of the client's writes still in flight)
+   < 32; otherwise it waits its turn, within its own deadline (`ClusterUnavailable`, definite,
+   saying the client's writes in flight did not end in time). When a write is applied, at most
+   31 newer seqs of the client can have been, so it is never refused as too old and its retries
+   find its stored result. A seq leaves the window when its call ends, however it ends.
+   A long-poll write (`wait_s`: a lock acquire waiting in the queue) takes no place in the
+   window, or every other write of the client would stall behind the wait: it draws its seq at
+   once. So it can still be refused as too old (`RequestTooOld`, indefinite) when 32 newer
+   writes of the client are applied before it is, which needs its first try to be held up
+   behind all of them, or before a retry of it arrives after its answer was lost (a long wait
+   gives the client's other writes time to pass it).
+3. No answer (refused, reset, timed out, or longer than `answer_bytes_max`), 5xx, a node
+   without a leader, or a 2xx whose body is not a JSON object (something that is not an xr
+   node: every route of the API answers one, so this is read as a broken answer, after which a
+   write may have been applied): the next endpoint is tried; after each full round of endpoints
+   the call backs off (50 ms doubling to 1 s, with jitter).
 4. 429 (`cluster.overloaded`, `limit.capacity`): the same endpoint again, with the same key,
    after `Retry-After`, if that fits before the deadline; otherwise the 429's own error is raised
    (or `Timeout`, if an earlier try may have been applied). A `limit.capacity` from the state
    machine itself is stored under the key, so its retries repeat it until the deadline.
 5. Any other error answer is raised at once as the same `xrcore.errors` class the server used.
+   An answer without an xr error document (a web server's "404: Not Found"), and a node's own
+   answer that it has no such route (an endpoint URL with a path after the port), are raised
+   as an `XrError` naming the path, never as `NotFound`: a method that turns `NotFound` into
+   None ("no such key") must not say so of a URL that is not the API.
 6. Deadline passed: `Timeout` (indefinite) when some try may have reached the state machine (a
    write sent without an answer, or answered with an indefinite error); `ClusterUnavailable`
    (definite) when no try could have.
@@ -33,6 +52,8 @@ well under it.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import math
 import os
@@ -49,10 +70,12 @@ import msgspec
 import yarl
 
 from xrcore._validate import check_name
-from xrcore.errors import ClusterUnavailable, Timeout, XrError, error_from_code
+from xrcore.errors import ClusterUnavailable, NotFound, Timeout, XrError, error_from_code
+from xrcore.limits import Limits
 
 __all__ = [
     "ANSWER_BYTES_MAX",
+    "WRITES_IN_FLIGHT_MAX",
     "AnswerTooLong",
     "Transport",
     "check_body",
@@ -79,6 +102,12 @@ _CONNECT_MAX_S = 3.0
 _RETRY_AFTER_DEFAULT_S = 1.0
 # The longest answer read by default (module docstring).
 ANSWER_BYTES_MAX = 1 << 30
+# The width of the window of a client's writes in flight (module docstring, rule 2): the number of
+# seqs per client whose results the state machine keeps, which is what it can still answer a
+# retry from.
+WRITES_IN_FLIGHT_MAX = Limits().results_per_client_max
+# What a node answers, as a `not_found` error, for a path that is no route of its API.
+_NO_ROUTE_PREFIX = "no route "
 _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()
 
@@ -280,6 +309,11 @@ class Transport:
         # `client_id` keeps drawing seqs above those of its previous run and never receives a
         # result stored for an older write.
         self._seq = time.time_ns() // 1_000
+        # The seqs of the plain writes still in flight (at most WRITES_IN_FLIGHT_MAX), and the
+        # writes waiting for their turn, first come first served; each waiter's future is given
+        # its seq when its turn comes.
+        self._writes_in_flight: set[int] = set()
+        self._turn_waiters: collections.deque[asyncio.Future[int]] = collections.deque()
         self._current = 0
         self._random = random.Random()
         self._session: aiohttp.ClientSession | None = None
@@ -292,6 +326,58 @@ class Transport:
     def next_seq(self) -> int:
         self._seq += 1
         return self._seq
+
+    def _window_open(self) -> bool:
+        """Whether the next seq may be drawn for a write that enters the window."""
+        return (
+            not self._writes_in_flight
+            or self._seq + 1 - min(self._writes_in_flight) < WRITES_IN_FLIGHT_MAX
+        )
+
+    def _enter_window(self) -> int:
+        seq = self.next_seq()
+        self._writes_in_flight.add(seq)
+        return seq
+
+    def _grant_turns(self) -> None:
+        """Gives the waiting writes their seqs, in order, while the window has room."""
+        while self._turn_waiters and self._window_open():
+            waiter = self._turn_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(self._enter_window())
+
+    def _leave_window(self, seq: int) -> None:
+        self._writes_in_flight.discard(seq)
+        self._grant_turns()
+
+    async def _take_turn(self, method: str, path: str, deadline_s: float, shown_s: float) -> int:
+        """A seq in the window for a write, once its turn comes; `ClusterUnavailable` when the
+        deadline passes first (nothing was sent)."""
+        if not self._turn_waiters and self._window_open():
+            return self._enter_window()
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._turn_waiters.append(waiter)
+        # Waiters that were cancelled may still hold the head of the queue.
+        self._grant_turns()
+        try:
+            async with asyncio.timeout_at(deadline_s):
+                return await waiter
+        except BaseException as error:
+            if waiter.done() and not waiter.cancelled():
+                # Its turn came, but it was cancelled or ran out of time before taking it: the
+                # seq it was given leaves the window, unsent.
+                self._leave_window(waiter.result())
+            else:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._turn_waiters.remove(waiter)
+            if isinstance(error, TimeoutError):
+                raise ClusterUnavailable(
+                    f"{method} {path}: this client's writes in flight did not end within "
+                    f"{shown_s:g} s, so this write never got its turn (a client has at most "
+                    f"{WRITES_IN_FLIGHT_MAX} writes in flight); nothing was applied"
+                ) from None
+            raise
 
     async def close(self) -> None:
         self._closed = True
@@ -334,9 +420,11 @@ class Transport:
         wait_in: Literal["query", "body"] = "query",
         timeout_s: float | None = None,
     ) -> Any:
-        """The decoded answer of `method path`, following the rules in the module docstring.
-        `path` is already percent-encoded. `wait_s` makes the call a long poll: the deadline grows
-        by it, and each try sends the wait that is left as `wait_s` in the query or the body."""
+        """The decoded answer of `method path` (a JSON object), following the rules in the module
+        docstring. `path` is already percent-encoded. `wait_s` makes the call a long poll: the
+        deadline grows by it, and each try sends the wait that is left as `wait_s` in the query
+        or the body. A write with `wait_s` is a long-poll write: it takes no place in the window
+        of writes in flight (module docstring, rule 2)."""
         if timeout_s is not None and (not timeout_s > 0 or math.isinf(timeout_s)):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
         if wait_s is not None and (not wait_s >= 0 or math.isinf(wait_s)):
@@ -349,9 +437,54 @@ class Transport:
         wait_until_s = started_s + (wait_s or 0.0)
         deadline_s = wait_until_s + own_timeout_s
         headers = self._headers(secrets.token_hex(8))
+        in_window = write and wait_s is None
+        seq = 0
         if write:
             headers[CLIENT_ID_HEADER] = self.client_id
-            headers[SEQ_HEADER] = str(self.next_seq())
+            # A long-poll write takes no place in the window (module docstring, rule 2).
+            seq = (
+                await self._take_turn(method, path, deadline_s, own_timeout_s)
+                if in_window
+                else self.next_seq()
+            )
+            headers[SEQ_HEADER] = str(seq)
+        try:
+            return await self._tries(
+                method,
+                path,
+                query=query,
+                body=body,
+                write=write,
+                headers=headers,
+                started_s=started_s,
+                wait_until_s=None if wait_s is None else wait_until_s,
+                deadline_s=deadline_s,
+                own_timeout_s=own_timeout_s,
+                wait_in=wait_in,
+            )
+        finally:
+            # However the call ended: an answer, an error, a cancellation.
+            if in_window:
+                self._leave_window(seq)
+
+    async def _tries(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None,
+        body: Mapping[str, Any] | None,
+        write: bool,
+        headers: Mapping[str, str],
+        started_s: float,
+        wait_until_s: float | None,
+        deadline_s: float,
+        own_timeout_s: float,
+        wait_in: Literal["query", "body"],
+    ) -> dict[str, Any]:
+        """The tries of one call, until an answer, an error to raise, or its deadline;
+        `wait_until_s`: when a long poll's wait ends (None: not a long poll)."""
+        loop = asyncio.get_running_loop()
         uncertain = False
         last_problem = "no try was made"
         tries = 0
@@ -361,7 +494,7 @@ class Transport:
             if remaining_s <= 0:
                 raise _give_up(method, path, deadline_s - started_s, uncertain, last_problem)
             endpoint_index = self._current
-            wait_left_s = max(0.0, wait_until_s - now_s) if wait_s is not None else None
+            wait_left_s = None if wait_until_s is None else max(0.0, wait_until_s - now_s)
             try_timeout_s = min(
                 remaining_s, (wait_left_s or 0.0) + max(_TRY_MIN_S, own_timeout_s * _TRY_SHARE)
             )
@@ -388,24 +521,35 @@ class Transport:
                 uncertain = uncertain or write
                 last_problem = f"{self.endpoints[endpoint_index]}: {type(error).__name__} {error}"
             else:
-                if answer.status < 400:
+                endpoint = self.endpoints[endpoint_index]
+                if answer.status < 400 and isinstance(answer.document, dict):
                     return answer.document
-                failure = _server_error(answer.status, answer.document)
-                if answer.status == 429:
-                    if loop.time() + answer.retry_after_s < deadline_s:
-                        await asyncio.sleep(answer.retry_after_s)
-                        continue
-                    if uncertain:
-                        raise _give_up(
-                            method, path, deadline_s - started_s, uncertain, repr(failure)
-                        )
-                    raise failure
-                if answer.status < 500:
-                    raise failure
-                uncertain = uncertain or (write and not failure.definite)
-                last_problem = (
-                    f"{self.endpoints[endpoint_index]}: {failure.code}: {failure.message}"
-                )
+                if answer.status < 400:
+                    # Every route of the API answers a JSON object: whatever answered is not an
+                    # xr node, or a broken one. As for a lost answer, a write may have been
+                    # applied (by an xr node behind something that mangled its answer).
+                    uncertain = uncertain or write
+                    last_problem = (
+                        f"{endpoint}: HTTP {answer.status} with an answer that is not a JSON "
+                        "object (not an xr node?)"
+                    )
+                else:
+                    failure = _server_error(
+                        answer.status, answer.document, f"{method} {path}", endpoint
+                    )
+                    if answer.status == 429:
+                        if loop.time() + answer.retry_after_s < deadline_s:
+                            await asyncio.sleep(answer.retry_after_s)
+                            continue
+                        if uncertain:
+                            raise _give_up(
+                                method, path, deadline_s - started_s, uncertain, repr(failure)
+                            )
+                        raise failure
+                    if answer.status < 500:
+                        raise failure
+                    uncertain = uncertain or (write and not failure.definite)
+                    last_problem = f"{endpoint}: {failure.code}: {failure.message}"
             log.debug("%s %s: try %d failed (%s)", method, path, tries, last_problem)
             self._rotate_from(endpoint_index)
             await self._back_off(tries, deadline_s - loop.time())
@@ -527,13 +671,24 @@ def _retry_after_s(header: str | None) -> float:
         return _RETRY_AFTER_DEFAULT_S
 
 
-def _server_error(status: int, document: Any) -> XrError:
-    """The typed error an error answer carries; an answer without one (a proxy's page) becomes
-    an indefinite `XrError` naming the status."""
+def _server_error(status: int, document: Any, request: str, endpoint: str) -> XrError:
+    """The typed error an error answer carries. An answer without one (a proxy's page, a web
+    server's "404: Not Found") becomes an indefinite `XrError` naming the status and the request;
+    so does a node's answer that `request`'s path is no route of its API, which the node sends
+    as `not_found` but which must not read as "no such key" (module docstring, rule 5)."""
     info = document.get("error") if isinstance(document, dict) else None
-    if isinstance(info, dict) and isinstance(info.get("code"), str):
-        return error_from_code(info["code"], str(info.get("message", "")))
-    return XrError(f"HTTP {status} without an xr error in the answer")
+    if not (isinstance(info, dict) and isinstance(info.get("code"), str)):
+        return XrError(
+            f"{request}: {endpoint} answered HTTP {status} without an xr error (not an xr node, "
+            "or not the xr API at this URL?)"
+        )
+    message = str(info.get("message", ""))
+    if info["code"] == NotFound.code and message.startswith(_NO_ROUTE_PREFIX):
+        return XrError(
+            f"{request}: {endpoint} has no such route ({message}); the endpoint's URL does not "
+            "lead to the xr API (a path after the port?)"
+        )
+    return error_from_code(info["code"], message)
 
 
 def check_body(body: Mapping[str, Any]) -> None:
