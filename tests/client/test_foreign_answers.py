@@ -8,7 +8,7 @@ from the client's own code, and a missing route is never taken for a missing key
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -42,15 +42,6 @@ _JOB = {
 }
 _SESSION = {"session_id": "s1", "ttl_ms": 5000, "remaining_ms": 5000, "granted_at_ms": 0}
 _REGION = {"name": "r0", "http_address": "127.0.0.1:1", "raft_address": "127.0.0.1:2"}
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeNodes]:
-    nodes = FakeNodes()
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 # Each method of the client that reads an answer, with the route it calls and a good answer.

@@ -13,7 +13,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -28,15 +27,6 @@ pytestmark = pytest.mark.integration
 # A bound on waits for a condition that normally holds within milliseconds.
 WAIT_S = 10.0
 _SESSION = {"session_id": "s1", "ttl_ms": 30_000, "remaining_ms": 30_000, "granted_at_ms": 0}
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeNodes]:
-    nodes = FakeNodes()
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 def _lock_node(fakes: FakeNodes) -> FakeNode:

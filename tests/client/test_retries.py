@@ -11,7 +11,7 @@ import asyncio
 import base64
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -31,15 +31,6 @@ from xrcore.errors import (
 pytestmark = pytest.mark.integration
 
 PUT_OK = Reply(document={"revision": 1, "previous_mod_revision": 0, "version": 1})
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeNodes]:
-    nodes = FakeNodes()
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 T = TypeVar("T")

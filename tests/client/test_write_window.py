@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import pytest
@@ -247,15 +247,6 @@ def _error_answer(code: str, status: int, *, retry_after_s: float = 0.0) -> web.
     document = {"error": {"code": code, "message": f"fake {code}", "definite": status == 429}}
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s else None
     return web.json_response(document, status=status, headers=headers)
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeNodes]:
-    nodes = FakeNodes()
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 def test_300_concurrent_puts_on_one_async_client__none_is_refused_as_too_old(
