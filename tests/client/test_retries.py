@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -231,6 +232,26 @@ def test_watch__an_outage_longer_than_retry_s__ends_it_with_how_long_it_retried(
     assert len(waits) == 2, waits
     assert waits[0][0] == 0.5
     assert all(wait <= 0.2 for wait in waits[1])
+
+
+def test_long_polls__with_no_node_reached__have_the_call_timeout_alone() -> None:
+    """Against endpoints that refuse connections, a watch's or `jobs.wait`'s first poll retried
+    for its whole 20 s wait plus the timeout (22 s where `retry_s` asked for 3): nothing waits
+    on a node that never took the request."""
+    refusing = refused_url()
+
+    async def scenario(call: Callable[[AsyncClient], Awaitable[Any]]) -> str:
+        async with AsyncClient(refusing, timeout_s=0.5, retry_s=0.1) as client:
+            with pytest.raises(ClusterUnavailable) as raised:
+                await call(client)
+        return raised.value.message
+
+    for call in (
+        lambda client: anext(client.kv.watch("p/", from_revision=1)),
+        lambda client: client.jobs.wait("job-1"),
+    ):
+        message = run(functools.partial(scenario, call))
+        assert "no node could serve it within 0.5 s" in message, message
 
 
 def test_lock_acquire__wait_ended_early_by_the_node__joins_again_with_a_new_key(

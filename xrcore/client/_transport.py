@@ -3,7 +3,9 @@
 The rules, in the order a call meets them:
 
 1. A call has one deadline: `timeout_s` from its start, plus the time the server may wait for a
-   long poll (`wait_s`). Every try, back-off and `Retry-After` pause fits inside it.
+   long poll (`wait_s`). Every try, back-off and `Retry-After` pause fits inside it. The wait
+   counts only once a node has taken the request: while every try is refused or finds no node,
+   a long poll has `timeout_s` alone.
 2. A write carries an idempotency key, the client's `Xr-Client-Id` and an `Xr-Seq` drawn once per
    call. Every try of the call re-sends the same key, so the state machine applies the write at
    most once and answers a repeat with the stored result. That stored answer is authoritative,
@@ -488,11 +490,15 @@ class Transport:
         uncertain = False
         last_problem = "no try was made"
         tries = 0
+        # A long poll waits on a node that took its request: while no node has (each refused
+        # the connection, or none could be reached), the call has its own timeout alone.
+        reached = False
         while True:
             now_s = loop.time()
-            remaining_s = deadline_s - now_s
+            give_up_s = deadline_s if reached else min(deadline_s, started_s + own_timeout_s)
+            remaining_s = give_up_s - now_s
             if remaining_s <= 0:
-                raise _give_up(method, path, deadline_s - started_s, uncertain, last_problem)
+                raise _give_up(method, path, give_up_s - started_s, uncertain, last_problem)
             endpoint_index = self._current
             wait_left_s = None if wait_until_s is None else max(0.0, wait_until_s - now_s)
             try_timeout_s = min(
@@ -518,9 +524,11 @@ class Transport:
                 last_problem = f"{self.endpoints[endpoint_index]}: {error}"
             except (aiohttp.ClientError, TimeoutError) as error:
                 # Sent, but the answer was lost: a write may have been applied.
+                reached = True
                 uncertain = uncertain or write
                 last_problem = f"{self.endpoints[endpoint_index]}: {type(error).__name__} {error}"
             else:
+                reached = True
                 endpoint = self.endpoints[endpoint_index]
                 if answer.status < 400 and isinstance(answer.document, dict):
                     return answer.document
