@@ -346,6 +346,24 @@ def test_output_that_cannot_be_written_and_a_closed_stdin_are_one_line_errors() 
         assert "Traceback" not in ran.stderr
 
 
+def test_entry__ctrl_c_while_the_cli_is_imported_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `xr` script imports `node.cli` (a few tenths of a second): a Ctrl-C then printed a
+    KeyboardInterrupt traceback."""
+    import builtins
+
+    from node import entry
+
+    imported = builtins.__import__
+
+    def interrupted(name: str, *arguments: Any, **keywords: Any) -> Any:
+        if name == "node.cli":
+            raise KeyboardInterrupt
+        return imported(name, *arguments, **keywords)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    assert entry.main() == 130
+
+
 def test_table__aligns_columns_and_shows_none_as_dash() -> None:
     assert table(["A", "LONGER"], [["xyz", None], ["", True]]).splitlines() == [
         "A    LONGER",
