@@ -526,7 +526,14 @@ class Transport:
                 # Sent, but the answer was lost: a write may have been applied.
                 reached = True
                 uncertain = uncertain or write
-                last_problem = f"{self.endpoints[endpoint_index]}: {type(error).__name__} {error}"
+                # A last try cut short by the call's deadline says less than the tries before
+                # it did: what they met is what the error reports.
+                if not (isinstance(error, TimeoutError) and try_timeout_s >= remaining_s > 0):
+                    last_problem = (
+                        f"{self.endpoints[endpoint_index]}: {type(error).__name__} {error}"
+                    )
+                elif tries == 1:
+                    last_problem = f"{self.endpoints[endpoint_index]}: no answer in time"
             else:
                 reached = True
                 endpoint = self.endpoints[endpoint_index]
