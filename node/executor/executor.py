@@ -105,6 +105,12 @@ def worker_environment(job_user: JobUser | None) -> dict[str, str]:
     return environment
 
 
+# Why a worker may be stopping while its attempt's lease is still renewed: its task's end says
+# why (failed for its wall time or its /tmp, or yielded), and a lease that expired while a job
+# ignored SIGTERM would instead end the attempt as lost and run the task elsewhere.
+_KEPT_WHILE_STOPPING = frozenset({"wall_time", "preempted", "tmp_limit"})
+
+
 def check_paths(config: NodeConfig) -> None:
     """ConfigError when the checkpoint directory is there and is not a directory, or when
     `executor.python` is not a file the node can run (a job user's reach is `job_user.check`'s):
@@ -737,23 +743,29 @@ class Executor:
             await attempt.writer.drain()
 
     async def _keep_alive(self, attempt: _Attempt) -> None:
+        """Renews the attempt's lease every third of its TTL, and stops the worker when it is
+        cancelled, past its wall time, preempted, superseded or out of contact. While a worker
+        stops for a reason its task's end reports (`_KEPT_WHILE_STOPPING`: a job that does not
+        heed SIGTERM takes `kill_grace_s`, as long as a lease), the lease is still renewed, so
+        the task ends as that reason says, not as a lease that expired and an attempt elsewhere."""
         interval_s = self.settings.lease_ttl_s / 3
         reported_first = False
-        while attempt.stop_reason is None:
+        while attempt.stop_reason is None or attempt.stop_reason in _KEPT_WHILE_STOPPING:
             if reported_first:
                 await asyncio.sleep(interval_s)
             else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(attempt.first_progress.wait(), interval_s)
                 reported_first = attempt.first_progress.is_set()
-            if self._cancelled(attempt):
+            running = attempt.stop_reason is None
+            if running and self._cancelled(attempt):
                 self._spawn(self._stop_worker(attempt, "cancelled"))
                 return
-            if attempt.wall_time_limit_s and (
-                time.monotonic() - attempt.started_s > attempt.wall_time_limit_s
+            if running and (
+                attempt.wall_time_limit_s
+                and time.monotonic() - attempt.started_s > attempt.wall_time_limit_s
             ):
                 self._spawn(self._stop_worker(attempt, "wall_time"))
-                return
             try:
                 renewed = await self._propose(
                     TaskHeartbeat(
@@ -766,7 +778,7 @@ class Executor:
                     )
                 )
                 attempt.last_contact_s = time.monotonic()
-                if renewed.get("preempt"):
+                if renewed.get("preempt") and attempt.stop_reason is None:
                     # A higher-priority task needs the room: the job checkpoints and stops, and
                     # `_end` yields the task (requeued without counting a failure).
                     log.info(
@@ -776,7 +788,6 @@ class Executor:
                         attempt.attempt,
                     )
                     self._spawn(self._stop_worker(attempt, "preempted"))
-                    return
             except XrError as error:
                 if error.definite and error.code != "cluster.unavailable":
                     reason = "cancelled" if self._cancelled(attempt) else "superseded"

@@ -210,6 +210,25 @@ def test_the_wall_time_limit_fails_the_task_without_retry(tmp_path: Path) -> Non
     _run(tmp_path, body)
 
 
+def test_a_job_that_ignores_sigterm_past_its_wall_time__fails_once_and_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """The lease was no longer renewed once the worker was asked to stop; with a kill grace as
+    long as a lease (the defaults: 10 s each), it expired first, the task ran again elsewhere
+    and its failure was refused as stale: a job that ignored SIGTERM was never stopped by its
+    wall time."""
+
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("ignore_stop", wall_time_limit_s=1, max_attempts=3)
+        job = await api.finished(job_id)
+        task = job["tasks"][0]
+        assert job["state"] == "failed" and len(task["attempts"]) == 1, job
+        assert "wall time limit of 1 s reached" in task["error"], task["error"]
+
+    # A grace twice the lease: the lease must be renewed while the worker is made to stop.
+    _run(tmp_path, body, **{"executor.kill_grace_s": "6"})
+
+
 def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     async def body(api: _Api) -> None:
         job_id = await api.submit("ignore_stop")
