@@ -19,6 +19,7 @@ every job completed, nothing is left running).
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shutil
 import signal
@@ -81,6 +82,7 @@ class DemoReport:
     killed_region: str | None = None
     killed_at_step: int | None = None
     failover_region: str | None = None
+    # The step the failed-over training job's worker resumed from (its result's `resumed_from`).
     resumed_from_step: int | None = None
     jobs: dict[str, str] = field(default_factory=dict)  # job id -> final state
     left_running: list[str] = field(default_factory=list)
@@ -89,7 +91,7 @@ class DemoReport:
     def story_told(self) -> bool:
         return (
             self.failover_region is not None
-            and self.resumed_from_step is not None
+            and bool(self.resumed_from_step)
             and bool(self.jobs)
             and all(state == "succeeded" for state in self.jobs.values())
             and not self.left_running
@@ -347,6 +349,22 @@ class _Demo:
             }
         if self.report.failover_region is None:
             raise DemoError(f"{target} finished without the failover the demo shows")
+        self._check_resumed(jobs["train-research"])
+
+    def _check_resumed(self, training: Any) -> None:
+        """The step the training job's worker itself says it resumed from (its result), which
+        is what the demo reports: the log's `restored_step` is the checkpoint the attempt was
+        given, and a worker that could not read it (a checkpoint directory the regions do not
+        share) starts over and says so only in its log."""
+        if training is None or training.state != "succeeded" or not training.tasks[0].result:
+            return
+        actual = json.loads(training.tasks[0].result).get("resumed_from")
+        if actual != self.report.resumed_from_step:
+            self.say(
+                f"[bold red]{training.job_id}'s worker resumed from step {actual}, not from the "
+                f"checkpoint it was given (step {self.report.resumed_from_step})[/bold red]"
+            )
+        self.report.resumed_from_step = actual
 
     def _maybe_kill(
         self, cluster: LocalCluster, training: Any, echo: Callable[[str], None]

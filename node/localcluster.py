@@ -257,6 +257,11 @@ class LocalCluster:
         for position, name in enumerate(names):
             node_settings = dict(settings or {})
             node_settings.update((region_settings or {}).get(name, {}))
+            if "checkpoint_dir" not in (config_text or ""):
+                # One checkpoint directory for every region, as a cluster's shared mount: a
+                # task that moves resumes from what another region wrote (each node's default,
+                # under its own data directory, would start it over).
+                node_settings.setdefault("executor.checkpoint_dir", str(base_dir / "checkpoints"))
             self.nodes.append(
                 LocalNode(
                     region=name,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from node.localcluster import LocalNode
+from node.localcluster import LocalCluster, LocalNode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,3 +41,18 @@ def test_a_node_runs_its_code_roots_packages_from_any_working_directory(
         node.process.kill()
         node.process.wait()
     assert f"running {other / 'node' / 'cli.py'}" in node.log_path.read_text()
+
+
+def test_regions_share_one_checkpoint_directory_unless_told_otherwise(tmp_path: Path) -> None:
+    """Each node's default is under its own data directory, so a task that failed over could
+    not read its checkpoint and started over (while `xr up` and the demo said it resumed)."""
+    shared = LocalCluster(tmp_path / "a", size=3)
+    assert {node.settings["executor.checkpoint_dir"] for node in shared.nodes} == {
+        str(tmp_path / "a" / "checkpoints")
+    }
+    given = LocalCluster(tmp_path / "b", size=2, settings={"executor.checkpoint_dir": "/mnt/x"})
+    assert {node.settings["executor.checkpoint_dir"] for node in given.nodes} == {"/mnt/x"}
+    in_file = LocalCluster(
+        tmp_path / "c", size=2, config_text='[executor]\ncheckpoint_dir = "/mnt/y"\n'
+    )
+    assert all("executor.checkpoint_dir" not in node.settings for node in in_file.nodes)
