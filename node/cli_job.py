@@ -232,7 +232,7 @@ def job_show(job_id: str) -> int:
                 task.failures,
                 f"{task.done}/{task.total}" if task.total else None,
                 None if task.checkpoint is None else task.checkpoint.step,
-                task.error,
+                _first_line(task.error),
             ]
             for task in found.tasks
         ]
@@ -359,7 +359,9 @@ def _follow(client: Client, job_id: str) -> int:
         time.sleep(_WATCH_POLL_S)
     if found.state == "succeeded":
         return 0
-    reason = found.cancel_reason or next((task.error for task in found.tasks if task.error), None)
+    reason = found.cancel_reason or _first_line(
+        next((task.error for task in found.tasks if task.error), None)
+    )
     raise CommandFailed(
         f"job.{found.state}",
         f"job {job_id} {found.state}" + (f": {reason}" if reason else ""),
@@ -377,8 +379,20 @@ def _print_changes(previous: dict[str, Any] | None, current: dict[str, Any]) -> 
         if before.get(task["index"]) != task:
             where = f" in {task['region']}" if task["region"] else ""
             attempt = f" (attempt {task['attempts']})" if task["attempts"] else ""
-            error = f": {task['error']}" if task["error"] else ""
+            # A task's error is its last failed attempt's: shown while it fails or waits to be
+            # retried, not beside the attempt that runs now.
+            shown = task["error"] if task["state"] in ("failed", "pending") else None
+            error = f": {_first_line(shown)}" if shown else ""
             click.echo(f"  task {task['index']}: {task['state']}{where}{attempt}{error}")
+
+
+def _first_line(error: str | None) -> str | None:
+    """What failed, without the traceback that follows (`xr job show --json` and
+    `xr job logs` have it)."""
+    if not error:
+        return None
+    first = error.strip().partition("\n")[0]
+    return first + (" (...)" if len(first) < len(error.strip()) else "")
 
 
 @job.command("logs")

@@ -161,10 +161,22 @@ class _Attempt:
             job_id=self.job_id,
             task_index=self.task_index,
             token=self.token,
-            # Characters, not bytes: at most 4 bytes each in UTF-8.
-            error=error[-MESSAGE_BYTES_MAX // 4 :],
+            error=fit_message(error),
             retryable=retryable,
         )
+
+
+def fit_message(text: str, bytes_max: int = MESSAGE_BYTES_MAX) -> str:
+    """`text` within `bytes_max` bytes of UTF-8: whole when it fits, else its first line (what
+    failed, cut to a quarter of the room) and as much of its end (a traceback's last frames) as
+    fits. Cutting the front off, as before, left a long traceback without the error it was of."""
+    if len(text.encode()) <= bytes_max:
+        return text
+    first, _, _ = text.partition("\n")
+    head = first.encode()[: bytes_max // 4].decode(errors="ignore")
+    marker = "\n[...]\n"
+    room = bytes_max - len(head.encode()) - len(marker)
+    return head + marker + text.encode()[-room:].decode(errors="ignore")
 
 
 class Executor:

@@ -364,6 +364,33 @@ def test_entry__ctrl_c_while_the_cli_is_imported_exits_130(monkeypatch: pytest.M
     assert entry.main() == 130
 
 
+def test_job_watch__shows_a_tasks_error_while_it_fails_or_waits_not_beside_a_new_attempt(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--wait` printed the last attempt's error, traceback and all, beside the attempt that
+    ran next, and again at every change."""
+    from node.cli_job import _print_changes
+
+    error = "ValueError: boom\nTraceback (most recent call last):\n  File ..."
+
+    def job(state: str, attempts: int) -> dict[str, Any]:
+        task = {"index": 0, "state": state, "region": "r0", "attempts": attempts, "error": error}
+        return {"job_id": "job-1", "state": state, "tasks": [task]}
+
+    with click.Context(click.Command("watch")):
+        _print_changes(None, job("pending", 1))
+        _print_changes(job("pending", 1), job("running", 2))
+        _print_changes(job("running", 2), job("failed", 2))
+    assert capsys.readouterr().out.splitlines() == [
+        "job job-1: pending",
+        "  task 0: pending in r0 (attempt 1): ValueError: boom (...)",
+        "job job-1: running",
+        "  task 0: running in r0 (attempt 2)",
+        "job job-1: failed",
+        "  task 0: failed in r0 (attempt 2): ValueError: boom (...)",
+    ]
+
+
 def test_table__aligns_columns_and_shows_none_as_dash() -> None:
     assert table(["A", "LONGER"], [["xyz", None], ["", True]]).splitlines() == [
         "A    LONGER",

@@ -283,3 +283,17 @@ def test_the_executor_packs_memory_shares_onto_one_device_and_keeps_slots_for_cp
         executor._release(grant)
     whole = executor._reserve(spec(gpus=2))
     assert whole is not None and whole.devices == (0, 1)
+
+
+def test_a_long_failure_keeps_what_failed_and_the_end_of_its_traceback() -> None:
+    """The executor kept the last 1,024 characters of a failure: a long traceback lost its
+    first line, the error it was of."""
+    from node.executor.executor import fit_message
+    from xrcore.limits import MESSAGE_BYTES_MAX
+
+    assert fit_message("short\nstory") == "short\nstory"
+    frames = "".join(f'  File "job.py", line {n}, in step\n    é = 1\n' for n in range(400))
+    text = "ValueError: the input is bad\nTraceback (most recent call last):\n" + frames + "END"
+    fitted = fit_message(text)
+    assert len(fitted.encode()) <= MESSAGE_BYTES_MAX
+    assert fitted.startswith("ValueError: the input is bad\n[...]\n") and fitted.endswith("END")
