@@ -144,6 +144,7 @@ def test_a_second_node_on_a_data_directory_in_use_is_refused_and_loses_nothing(
     first = local.nodes[0]
     first.start()
     assert first.process is not None
+    second: LocalNode | None = None
     try:
         _eventually(lambda: first.ready(), "the first node ready")
         status, _ = _call(f"{first.url}/v1/kv/x", method="PUT", body={"value": "1"})
@@ -161,6 +162,9 @@ def test_a_second_node_on_a_data_directory_in_use_is_refused_and_loses_nothing(
             in second.log_tail()
         ), second.log_tail()
     finally:
+        if second is not None:
+            # Without the lock it would run on (a failing run must not leave it behind).
+            second.kill()
         first.terminate()
     first.start()
     try:
