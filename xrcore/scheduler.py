@@ -876,7 +876,7 @@ class _Pass:
             allowed = [room for name, room in self.rooms.items() if task.allows(name)]
             self.allowed[lists] = allowed
         if not allowed:
-            self.wait(task, "no healthy region that the job allows")
+            self.wait(task, self._none_allowed(task))
             return False
         tenant = self.prefs(task)
         fitting: list[_Room] = []
@@ -959,6 +959,20 @@ class _Pass:
                 option = _score(task, room, self.regions, tenant, settings)
                 heapq.heappush(scored, (option.score, name, option))
             yield heapq.heappop(scored)[2]
+
+    def _none_allowed(self, task: TaskInfo) -> str:
+        """Why no healthy region is one `task` may use: none is healthy, or its lists leave no
+        region of the cluster at all (a name that is no region's, or every region denied), which
+        waiting will not mend until the cluster or the job changes."""
+        if not any(task.allows(name) for name in self.regions):
+            if task.regions_allow:
+                listed = ", ".join(sorted(task.regions_allow))
+                return (
+                    f"its regions_allow ({listed}) leaves no region of the cluster "
+                    f"(regions: {', '.join(sorted(self.regions)) or 'none'})"
+                )
+            return "its regions_deny names every region of the cluster"
+        return "no healthy region that the job allows"
 
     def _lazy_options(
         self, task: TaskInfo, allowed: list[_Room], tenant: TenantInfo, fitting: list[_Room]

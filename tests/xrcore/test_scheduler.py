@@ -852,6 +852,23 @@ def test_every_waiting_task_has_a_reason() -> None:
     assert all(decisions.waiting.values())
 
 
+def test_a_task_whose_region_lists_leave_no_region_of_the_cluster__says_so() -> None:
+    """It was told "no healthy region that the job allows", as for a region that is down, so a
+    job that can never run (a misspelt region) looked like one waiting for a repair."""
+    regions = [region("a", 2), region("b", 1, healthy=False)]
+    tasks = [
+        task("mars", regions_allow=("mars",)),
+        task("denied", regions_deny=("a", "b"), submitted_ms=1),
+        task("down", regions_allow=("b", "mars"), submitted_ms=2),
+    ]
+    waiting = run(regions, tasks).waiting
+    assert waiting[("mars", 0)] == (
+        "its regions_allow (mars) leaves no region of the cluster (regions: a, b)"
+    )
+    assert waiting[("denied", 0)] == "its regions_deny names every region of the cluster"
+    assert waiting[("down", 0)] == "no healthy region that the job allows"
+
+
 def test_the_pass_is_deterministic_and_bounded_by_decisions_max() -> None:
     regions = [region(f"r{n}", 8, speed=1 + n / 10) for n in range(5)]
     tasks = [task(f"j{n:03d}", submitted_ms=n) for n in range(60)]
