@@ -156,6 +156,17 @@ class _Attempt:
     def key(self) -> tuple[str, int]:
         return self.job_id, self.task_index
 
+    def heartbeat(self) -> TaskHeartbeat:
+        """Renews the lease and reports the progress the worker last sent."""
+        return TaskHeartbeat(
+            job_id=self.job_id,
+            task_index=self.task_index,
+            token=self.token,
+            done=self.done,
+            total=self.total,
+            metrics=self.metrics,
+        )
+
     def fail(self, error: str, *, retryable: bool) -> TaskFail:
         return TaskFail(
             job_id=self.job_id,
@@ -616,16 +627,7 @@ class Executor:
                 # The progress since the last heartbeat (a task ends between two), so that the
                 # finished task shows where it ended, not where it was a heartbeat earlier.
                 with contextlib.suppress(XrError):
-                    await self._propose(
-                        TaskHeartbeat(
-                            job_id=attempt.job_id,
-                            task_index=attempt.task_index,
-                            token=attempt.token,
-                            done=attempt.done,
-                            total=attempt.total,
-                            metrics=attempt.metrics,
-                        )
-                    )
+                    await self._propose(attempt.heartbeat())
                 await self._propose_final(
                     TaskComplete(
                         job_id=attempt.job_id,
@@ -779,16 +781,7 @@ class Executor:
             ):
                 self._spawn(self._stop_worker(attempt, "wall_time"))
             try:
-                renewed = await self._propose(
-                    TaskHeartbeat(
-                        job_id=attempt.job_id,
-                        task_index=attempt.task_index,
-                        token=attempt.token,
-                        done=attempt.done,
-                        total=attempt.total,
-                        metrics=attempt.metrics,
-                    )
-                )
+                renewed = await self._propose(attempt.heartbeat())
                 attempt.last_contact_s = time.monotonic()
                 if renewed.get("preempt") and attempt.stop_reason is None:
                     # A higher-priority task needs the room: the job checkpoints and stops, and
