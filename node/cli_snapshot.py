@@ -27,6 +27,8 @@ from node.cli_common import (
     options,
     resolve_settings,
 )
+from node.config import ConfigError
+from node.data_dir import DataDirLock
 from raftstore.config import RaftConfig
 from raftstore.files import write_file_durably
 from raftstore.replica import seed_data_dir
@@ -191,6 +193,16 @@ def snapshot_restore(
     except InvalidArgument as error:
         raise CommandFailed("snapshot.invalid", f"{file}: {error.message}") from None
     try:
+        # The node's own lock: a node starting on the directory meanwhile is refused, and a
+        # directory a node runs on is refused here even before its journal exists.
+        lock = DataDirLock(data_dir)
+    except ConfigError as error:
+        raise CommandFailed("restore.refused", str(error)) from None
+    except OSError as error:
+        raise CommandFailed(
+            "restore.failed", f"cannot write in {data_dir}: {error.strerror}"
+        ) from None
+    try:
         seed_data_dir(config, backup.state)
     except InvalidArgument as error:
         raise CommandFailed("restore.refused", error.message) from None
@@ -198,6 +210,8 @@ def snapshot_restore(
         raise CommandFailed(
             "restore.failed", f"cannot write in {data_dir}: {error.strerror}"
         ) from None
+    finally:
+        lock.release()
     members = [raft_address, *config.peers]
     document = {
         "file": str(file),

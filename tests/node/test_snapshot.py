@@ -25,6 +25,7 @@ import pytest
 
 from node.api.snapshot import BACKUP_FORMAT, MAGIC, Backup, decode_backup, encode_backup
 from node.cli import main
+from node.data_dir import DataDirLock
 from node.localcluster import LocalCluster
 from xrcore import StateMachine
 from xrcore.client import Client
@@ -140,6 +141,32 @@ def test_restore__refuses_a_corrupt_file_and_writes_nothing(tmp_path: Path) -> N
     assert result.exit_code == 1
     assert "snapshot.invalid" in result.output and "corrupt" in result.output
     assert not (data_dir / "raft").exists()
+
+
+def test_restore__refuses_a_data_dir_a_node_holds(tmp_path: Path) -> None:
+    # A node on the directory (or one starting on it) holds its lock before its journal exists:
+    # the restore must not write under it.
+    file = tmp_path / "backup.xr"
+    file.write_bytes(_backup())
+    data_dir = tmp_path / "node"
+    held = DataDirLock(data_dir)
+    try:
+        result = _run(
+            "snapshot", "restore", str(file), "--data-dir", str(data_dir),
+            "--raft-address", "127.0.0.1:7001",
+        )  # fmt: skip
+    finally:
+        held.release()
+    assert result.exit_code == 1, result.output
+    assert "restore.refused" in result.output and "in use by another node" in result.output
+    assert not (data_dir / "raft").exists()
+    # Once the node is gone the restore goes ahead, and lets go of the directory.
+    result = _run(
+        "snapshot", "restore", str(file), "--data-dir", str(data_dir),
+        "--raft-address", "127.0.0.1:7001",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    DataDirLock(data_dir).release()
 
 
 def test_restore__refuses_a_pipe_without_reading_it(tmp_path: Path) -> None:
