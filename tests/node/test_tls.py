@@ -32,6 +32,7 @@ from node.localcluster import LocalCluster, LocalNode, free_ports
 from node.tls import client_context, server_context
 from xrcore.client import AsyncClient, Client
 from xrcore.client._transport import tls_context
+from xrcore.errors import ClusterUnavailable
 
 WAIT_S = 30.0
 
@@ -396,6 +397,29 @@ def test_mutual_tls__a_client_without_a_certificate__is_refused_in_the_handshake
     # The server ends the handshake (with no alert: asyncio's TLS closes at once).
     with pytest.raises(ssl.SSLError):
         _handshake(port, _https_context(None, None, ca=certificates))
+
+
+@pytest.mark.integration
+def test_mutual_tls__a_client_without_a_certificate__is_told_it_may_need_one(
+    tls_cluster: LocalCluster, certificates: CertificateFiles
+) -> None:
+    # Under TLS 1.3 the refusal reaches aiohttp as a disconnection: the error says what it
+    # most likely is. With a certificate, the same endpoint answers (the test above).
+    urls = [_https_url(node) for node in tls_cluster.nodes]
+    with (
+        Client(urls, ca_file=str(certificates.ca_cert), timeout_s=2.0) as client,
+        pytest.raises(ClusterUnavailable) as raised,
+    ):
+        client.health()
+    assert "requires client certificates" in str(raised.value), raised.value
+    # The same through failover over every endpoint, for a call that retries.
+    with (
+        Client(urls, ca_file=str(certificates.ca_cert), timeout_s=2.0) as client,
+        pytest.raises(ClusterUnavailable) as raised,
+    ):
+        client.regions.list()
+    assert "requires client certificates" in str(raised.value), raised.value
+    assert "cert_file and key_file" in str(raised.value)
 
 
 @pytest.mark.integration

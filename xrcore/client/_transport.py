@@ -307,6 +307,7 @@ class Transport:
             raise ValueError("token must be a non-empty string of printable ASCII characters")
         self._token = token
         self._tls = tls_context(ca_file=ca_file, cert_file=cert_file, key_file=key_file)
+        self._has_certificate = cert_file is not None
         # Seqs start at the wall clock in microseconds, so a client restarted with the same
         # `client_id` keeps drawing seqs above those of its previous run and never receives a
         # result stored for an older write.
@@ -531,6 +532,7 @@ class Transport:
                 if not (isinstance(error, TimeoutError) and try_timeout_s >= remaining_s > 0):
                     last_problem = (
                         f"{self.endpoints[endpoint_index]}: {type(error).__name__} {error}"
+                        f"{self._disconnection_hint(self.endpoints[endpoint_index], error)}"
                     )
                 elif tries == 1:
                     last_problem = f"{self.endpoints[endpoint_index]}: no answer in time"
@@ -577,6 +579,22 @@ class Transport:
         delay_s = min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2 ** min(rounds - 1, 16))
         delay_s *= 0.5 + self._random.random() / 2
         await asyncio.sleep(min(delay_s, remaining_s))
+
+    def _disconnection_hint(self, endpoint: str, error: BaseException) -> str:
+        """What an https node that hangs up before answering most likely means, for a client
+        without a certificate. A node that requires client certificates (mutual TLS) refuses
+        one without, but under TLS 1.3 its refusal comes after the client's side of the
+        handshake, and aiohttp reports it as a plain disconnection."""
+        if (
+            isinstance(error, aiohttp.ServerDisconnectedError)
+            and endpoint.startswith("https://")
+            and not self._has_certificate
+        ):
+            return (
+                " (a node that requires client certificates disconnects a client without one: "
+                "give cert_file and key_file, --cert-file and --key-file on the command line)"
+            )
+        return ""
 
     async def _try(
         self,
@@ -626,7 +644,9 @@ class Transport:
                 timeout_s=self.timeout_s,
             )
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise ClusterUnavailable(f"{endpoint} did not answer: {error}") from None
+            raise ClusterUnavailable(
+                f"{endpoint} did not answer: {error}{self._disconnection_hint(endpoint, error)}"
+            ) from None
         return answer.status, answer.document
 
 
