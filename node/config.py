@@ -291,6 +291,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # it loses at most this long by moving (within `move_ups_max`).
     move_aside: bool = True
     move_aside_loss_max_s: float = 600.0
+    # Pending tasks one pass looks at, at most, shared between the (priority, tenant) queues
+    # (`xrcore.placement._in_view`): the pass runs on the thread that runs Raft.
+    pass_pending_max: int = 10_000
 
 
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -687,7 +690,7 @@ def _check_region(region: RegionConfig) -> None:
 
 
 def _check_scheduler(scheduler: SchedulerConfig) -> None:
-    for name in ("preemption_grace_s", "default_estimate_s"):
+    for name in ("preemption_grace_s", "default_estimate_s", "pass_pending_max"):
         _check_positive(f"scheduler.{name}", getattr(scheduler, name))
     for name in (
         "preemption_min_run_s",

@@ -209,6 +209,7 @@ class Node:
         settings = PlacementSettings(
             retry_backoff_base_ms=int(executor.retry_backoff_base_s * 1000),
             retry_backoff_max_ms=int(executor.retry_backoff_max_s * 1000),
+            pending_max=scheduler.pass_pending_max,
             policy=SchedulerSettings(
                 preemption_min_run_ms=int(scheduler.preemption_min_run_s * 1000),
                 preemption_grace_ms=int(scheduler.preemption_grace_s * 1000),

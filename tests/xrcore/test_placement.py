@@ -427,3 +427,48 @@ def test_a_pass_that_moves_a_task_to_an_unknown_region_is_refused() -> None:
     )
     assert driver.error(refused) == NotFound.code
     assert driver.machine.jobs[slow].tasks[0].moving_to is None
+
+
+def test_a_pass_looks_at_a_bounded_number_of_pending_tasks_shared_between_tenants() -> None:
+    # One tenant's huge queue made each pass take over a second on the leader's Raft thread
+    # (elections every few seconds); a pass now looks at `pending_max` pending tasks, shared
+    # between the (priority, tenant) queues, and at every task that holds room.
+    driver = Driver()
+    _region(driver, "a", slots=1)
+    held = _submit(driver, "held", tenant="bob")
+    _apply_all(driver)
+    _running(driver, held, "a")
+    for _ in range(3):
+        _submit(driver, "nowhere", tenant="bob", regions_allow=("nowhere",), array_size=40)
+    urgent = _submit(driver, "urgent", tenant="bob", priority=5)
+    alice = [_submit(driver, f"alice-{n}", tenant="alice") for n in range(3)]
+    settings = PlacementSettings(pending_max=10)
+    view = cluster_view(driver.machine, settings)
+    pending = [task for task in view.tasks if task.state == "pending"]
+    assert len(pending) == 10
+    # Each short queue whole, the rest to bob's long one; the running task besides.
+    assert {task.job_id for task in pending} >= {urgent, *alice}
+    assert sum(task.tenant == "bob" and task.priority == 0 for task in pending) == 6
+    assert [task.job_id for task in view.tasks if task.state == "running"] == [held]
+    # Submission order, as the full view has it.
+    full = cluster_view(driver.machine, PlacementSettings())
+    assert len(full.tasks) == 1 + 120 + 1 + 3
+    order = {(task.job_id, task.task_index): n for n, task in enumerate(full.tasks)}
+    positions = [order[task.job_id, task.task_index] for task in view.tasks]
+    assert positions == sorted(positions)
+    # Alice's tasks get their turn however long bob's queue is (a reason, as the region is full).
+    decisions = place(driver.machine, settings)
+    assert decisions is not None
+    assert {item.job_id for item in decisions.waiting} >= set(alice)
+
+
+def test_a_bound_that_every_queue_fits_in_changes_nothing() -> None:
+    driver = Driver()
+    for name in ("a", "b"):
+        _region(driver, name, slots=2)
+    for n in range(6):
+        _submit(driver, f"j{n}", tenant=("alice", "bob")[n % 2], array_size=2)
+    assert cluster_view(driver.machine, PlacementSettings(pending_max=12)) == cluster_view(
+        driver.machine, PlacementSettings()
+    )
+    assert place(driver.machine, PlacementSettings(pending_max=12)) == place(driver.machine)
