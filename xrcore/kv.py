@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from xrcore._validate import check_page_limit
 from xrcore.commands import KvDelete, KvPut
 from xrcore.errors import CapacityExceeded, Compacted, CompareFailed, InvalidArgument, NotFound
+from xrcore.limits import PAGE_BYTES_MAX
 from xrcore.model import KeyRecord, KvEvent
 
 if TYPE_CHECKING:
@@ -147,9 +148,14 @@ def range_(
     start = bisect_left(keys, prefix) if after is None else bisect_right(keys, max(after, prefix))
     items: list[dict[str, Any]] = []
     position = start
+    page_bytes = 0
     while position < len(keys) and keys[position].startswith(prefix) and len(items) < limit:
         key = keys[position]
-        items.append(_key_view(key, machine.keys[key]))
+        record = machine.keys[key]
+        page_bytes += len(key) + len(record.value)
+        if items and page_bytes > PAGE_BYTES_MAX:
+            break
+        items.append(_key_view(key, record))
         position += 1
     more = position < len(keys) and keys[position].startswith(prefix)
     return {
@@ -176,7 +182,13 @@ def watch(machine: StateMachine, from_revision: int, *, limit: int = 100) -> dic
         )
     skip = from_revision - oldest
     # A revision beyond the history selects nothing (islice refuses a bound past sys.maxsize).
-    selected = list(islice(history, skip, skip + limit)) if skip < len(history) else []
+    selected: list[KvEvent] = []
+    page_bytes = 0
+    for event in islice(history, skip, skip + limit) if skip < len(history) else ():
+        page_bytes += len(event.key) + len(event.value or b"")
+        if selected and page_bytes > PAGE_BYTES_MAX:
+            break
+        selected.append(event)
     events = [
         {
             "revision": event.revision,

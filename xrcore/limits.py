@@ -52,6 +52,10 @@ LABELS_MAX = 32
 LABEL_VALUE_BYTES_MAX = 256
 LIST_ITEMS_MAX = 64
 RANGE_LIMIT_MAX = 1_000
+# A page of keys or watch events holds at most this many bytes of keys and values, besides its
+# first item: a page of 1,000 values of 64 KiB was an answer of 140 MB (each value is sent as
+# text and as base64), and a few hundred such reads at once ran a node out of memory.
+PAGE_BYTES_MAX = 1024 * 1024
 SESSION_TTL_MIN_MS = 1_000
 SESSION_TTL_MAX_MS = 3_600_000
 ATTEMPT_TTL_MIN_MS = 1_000

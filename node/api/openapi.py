@@ -771,7 +771,13 @@ def _parameters(*, wait_max_s: float) -> dict[str, Any]:
             "linearizable waits for a read barrier committed through the log; stale reads this "
             "node's state at once and answers `stale: true`.",
         ),
-        "limit": _query("limit", page_limit, "The most items to answer."),
+        "limit": _query(
+            "limit",
+            page_limit,
+            "The most items to answer. A page of keys or watch events also stops once its keys "
+            f"and values pass {limits.PAGE_BYTES_MAX} bytes (it holds at least one item): "
+            "follow `next` or `next_revision`, not the count, to read on.",
+        ),
         "prefix": _query(
             "prefix",
             {"type": "string", "maxLength": 1024, "default": ""},

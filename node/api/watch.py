@@ -24,6 +24,7 @@ from node.api.kv import key_view
 from node.api.wire import query_int, query_text, respond, write_to_stream
 from xrcore import StateMachine, kv
 from xrcore.errors import CapacityExceeded, InvalidArgument, XrError
+from xrcore.limits import PAGE_BYTES_MAX
 
 __all__ = ["routes"]
 
@@ -37,14 +38,19 @@ _SSE_BATCH = 100
 def _collect(
     machine: StateMachine, prefix: str, from_revision: int, limit: int
 ) -> tuple[list[dict[str, Any]], int, int]:
-    """Events under `prefix` from `from_revision`, at most `limit`; the revision to continue
-    from; and the store's revision. Raises `Compacted`."""
+    """Events under `prefix` from `from_revision`, at most `limit` and about `PAGE_BYTES_MAX`
+    of keys and values; the revision to continue from; and the store's revision. Raises
+    `Compacted`."""
     matched: list[dict[str, Any]] = []
+    matched_bytes = 0
     next_revision = from_revision
     for _ in range(_SCAN_PAGES_MAX):
         page = kv.watch(machine, next_revision, limit=1000)
         for event in page["events"]:
             if event["key"].startswith(prefix):
+                matched_bytes += len(event["key"]) + len(event["value"] or b"")
+                if matched and matched_bytes > PAGE_BYTES_MAX:
+                    return matched, next_revision, machine.revision
                 matched.append(event)
             next_revision = event["revision"] + 1
             if len(matched) == limit:

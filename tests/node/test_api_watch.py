@@ -16,7 +16,7 @@ from aiohttp import ClientResponse
 
 from node.api.app import SERVICES, create_app
 from tests.node.conftest import Answer, ApiNode, auth_headers, eventually
-from xrcore.limits import Limits
+from xrcore.limits import PAGE_BYTES_MAX, VALUE_BYTES_MAX, Limits
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +57,26 @@ def test_long_poll__resumes_from_next_revision_and_sees_only_its_prefix(api: Api
     third = api.ok("GET", f"/v1/watch?prefix=watch-resume/&from_revision={second['next_revision']}")
     assert third["events"] == []
     assert third["next_revision"] >= second["next_revision"]
+
+
+def test_long_poll__large_values__come_in_pages_of_about_page_bytes_max(api: ApiNode) -> None:
+    start = api.revision() + 1
+    big = "x" * VALUE_BYTES_MAX
+    for n in range(20):
+        api.ok("PUT", f"/v1/kv/watch-big/{n:02}", json={"value": big})
+    keys: list[str] = []
+    next_revision = start
+    while len(keys) < 20:
+        page = api.ok(
+            "GET", f"/v1/watch?prefix=watch-big/&from_revision={next_revision}&limit=1000"
+        )
+        assert 1 <= len(page["events"]) <= PAGE_BYTES_MAX // VALUE_BYTES_MAX
+        keys += [event["key"] for event in page["events"]]
+        next_revision = page["next_revision"]
+    assert keys == [f"watch-big/{n:02}" for n in range(20)]
+    listed = api.ok("GET", "/v1/kv?prefix=watch-big/&limit=1000")
+    assert 1 <= len(listed["items"]) <= PAGE_BYTES_MAX // VALUE_BYTES_MAX
+    assert listed["next"] is not None
 
 
 def test_long_poll__resumes_after_last_event_id(api: ApiNode) -> None:

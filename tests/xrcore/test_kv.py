@@ -6,7 +6,7 @@ import pytest
 
 from xrcore import errors, kv
 from xrcore.commands import KvDelete, KvPut, SessionGrant, SessionRevoke, Tick
-from xrcore.limits import Limits
+from xrcore.limits import PAGE_BYTES_MAX, VALUE_BYTES_MAX, Limits
 
 from .helpers import Driver
 
@@ -110,6 +110,36 @@ def test_watch__resumes_from_next_revision_in_pages() -> None:
     second = kv.watch(driver.machine, first["next_revision"], limit=4)
     revisions = [event["revision"] for event in first["events"] + second["events"]]
     assert revisions == list(range(1, 8))
+
+
+def test_pages_of_large_values__hold_about_page_bytes_max_and_still_cover_every_key() -> None:
+    # 1,000 values of 64 KiB in one answer was 140 MB (a node ran out of memory under a few
+    # hundred such reads): a page stops at PAGE_BYTES_MAX of keys and values.
+    driver = Driver()
+    big = bytes(VALUE_BYTES_MAX)
+    names = [f"big/{n:02}" for n in range(40)]
+    for name in names:
+        driver.ok(KvPut(key=name, value=big))
+    seen: list[str] = []
+    after = None
+    while True:
+        page = kv.range_(driver.machine, "big/", limit=1000, after=after)
+        assert 1 <= len(page["items"]) <= PAGE_BYTES_MAX // VALUE_BYTES_MAX
+        seen += [item["key"] for item in page["items"]]
+        after = page["next"]
+        if after is None:
+            break
+    assert seen == names
+    revisions: list[int] = []
+    next_revision = 1
+    while next_revision <= driver.machine.revision:
+        page = kv.watch(driver.machine, next_revision, limit=1000)
+        assert 1 <= len(page["events"]) <= PAGE_BYTES_MAX // VALUE_BYTES_MAX
+        revisions += [event["revision"] for event in page["events"]]
+        next_revision = page["next_revision"]
+    assert revisions == list(range(1, 41))
+    # One value larger than the bound alone still makes a page of one.
+    assert len(kv.range_(driver.machine, "big/", limit=1)["items"]) == 1
 
 
 def test_watch__older_than_retained_history__is_compacted() -> None:
