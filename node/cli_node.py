@@ -188,6 +188,9 @@ def _check_files(config: NodeConfig) -> None:
     Authenticator(config.auth)
     if config.data_dir.exists() and not config.data_dir.is_dir():
         raise ConfigError(f"setting data_dir: {config.data_dir}: not a directory")
+    from node.daemon import check_members
+
+    check_members(config)
     if config.audit.enabled:
         try:
             check_audit_path(config.audit_path)

@@ -37,10 +37,11 @@ from node.executor.inventory import detect as detect_inventory
 from node.executor.inventory import to_gpus
 from node.tls import client_context, server_context
 from raftstore.faults import NO_FAULTS, Faults, FaultsRefused
+from raftstore.replica import snapshot_members
 from raftstore.store import RaftStore
 from raftstore.testnet import Drops
 from xrcore.commands import RegionHeartbeat, RegionRegister
-from xrcore.errors import StaleSchedule, XrError
+from xrcore.errors import CodecError, StaleSchedule, XrError
 from xrcore.placement import PlacementSettings, place
 from xrcore.scheduler import SchedulerSettings
 
@@ -102,6 +103,27 @@ def http_server_options(config: NodeConfig) -> dict[str, Any]:
     }
 
 
+def check_members(config: NodeConfig) -> None:
+    """Refuses a configuration whose members are not the ones the data directory's Raft
+    snapshot names. pysyncobj takes the member set from the snapshot and silently ignores
+    `raft.address` and `raft.peers`: a member seeded by `xr snapshot restore` without `--peers`
+    ran as a cluster of one beside the others, and the cluster had two leaders, each granting
+    the same lock."""
+    try:
+        members = snapshot_members(config.raft)
+    except CodecError as error:
+        raise ConfigError(f"data_dir {config.data_dir}: {error.message}") from None
+    configured = frozenset((config.raft.self_address, *config.raft.peers))
+    if members is not None and members != configured:
+        raise ConfigError(
+            f"data_dir {config.data_dir} holds the Raft data of a cluster whose members are "
+            f"{', '.join(sorted(members))}, but raft.address and raft.peers name "
+            f"{', '.join(sorted(configured))}: each member must be configured with the members "
+            "its data was written with, spelled the same (to start a new cluster from a backup, "
+            "`xr snapshot restore` each member with its --raft-address and --peers)"
+        )
+
+
 class Node:
     """A started node: its store, its API on a socket, and its background duties."""
 
@@ -115,6 +137,7 @@ class Node:
         # Before the journal is opened: a second node on this directory is refused.
         self.data_dir_lock = DataDirLock(config.data_dir)
         try:
+            check_members(config)
             self.store = RaftStore(config.raft, faults=faults, drops=drops)
             self.app = create_app(config, store=self.store)
             if forward_ssl_context is not None:

@@ -69,6 +69,7 @@ __all__ = [
     "journal_file_sync",
     "repair_journal",
     "seed_data_dir",
+    "snapshot_members",
 ]
 
 log = logging.getLogger(__name__)
@@ -1226,6 +1227,30 @@ def decode_raft_snapshot(data: bytes, path: str) -> tuple[Any, bytes]:
     size = int.from_bytes(data[offset : offset + 8], "big")
     meta = pickling.loads(data[offset + 8 : offset + 8 + size])
     return meta, data[offset + 8 + size :]
+
+
+def snapshot_members(config: RaftConfig) -> frozenset[str] | None:
+    """The Raft addresses of the members that the snapshot in `config.data_dir` names, or None
+    when there is no snapshot. pysyncobj takes its member set from the snapshot (dynamic
+    membership is on for `add_member`), not from its configuration. Reads only the header."""
+    path = config.snapshot_file
+    try:
+        with path.open("rb") as file:
+            head = file.read(len(SNAPSHOT_MAGIC) + 8)
+            if not head.startswith(SNAPSHOT_MAGIC) or len(head) < len(SNAPSHOT_MAGIC) + 8:
+                raise CodecError(f"{path} is not an xr raft snapshot")
+            size = int.from_bytes(head[len(SNAPSHOT_MAGIC) :], "big")
+            meta_bytes = file.read(min(size, _SNAPSHOT_META_BYTES_MAX))
+    except FileNotFoundError:
+        return None
+    try:
+        return frozenset(str(node) for node in pickling.loads(meta_bytes)[-1])
+    except Exception as error:
+        raise CodecError(f"{path}: its header cannot be read ({error})") from None
+
+
+# The pickled log metadata of a snapshot: two entries and the member set, a few KiB at most.
+_SNAPSHOT_META_BYTES_MAX = 16 << 20
 
 
 def seed_data_dir(config: RaftConfig, state: bytes) -> None:

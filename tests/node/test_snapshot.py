@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 import threading
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ import pytest
 
 from node.api.snapshot import BACKUP_FORMAT, MAGIC, Backup, decode_backup, encode_backup
 from node.cli import main
+from node.config import ConfigError, NodeConfig, load_config
+from node.daemon import check_members
 from node.data_dir import DataDirLock
 from node.localcluster import LocalCluster
 from xrcore import StateMachine
@@ -167,6 +170,39 @@ def test_restore__refuses_a_data_dir_a_node_holds(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     DataDirLock(data_dir).release()
+
+
+def test_restored_member__started_with_other_members__is_refused(tmp_path: Path) -> None:
+    # pysyncobj takes the members from the snapshot: a member restored without --peers ran as
+    # a cluster of one beside the other two, and the cluster had two leaders.
+    file = tmp_path / "backup.xr"
+    file.write_bytes(_backup())
+    data_dir = tmp_path / "node"
+    result = _run(
+        "snapshot", "restore", str(file), "--data-dir", str(data_dir),
+        "--raft-address", "127.0.0.1:7001",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+    def config(address: str, peers: str) -> NodeConfig:
+        settings = {"region.name": "r0", "raft.address": address, "data_dir": str(data_dir)}
+        if peers:
+            settings["raft.peers"] = peers
+        return load_config(environ={}, overrides=settings)
+
+    check_members(config("127.0.0.1:7001", ""))
+    for address, peers in [
+        ("127.0.0.1:7001", "127.0.0.1:7002,127.0.0.1:7003"),
+        ("localhost:7001", ""),  # pysyncobj matches members by their spelling
+    ]:
+        with pytest.raises(ConfigError, match=re.escape("members are 127.0.0.1:7001, but raft")):
+            check_members(config(address, peers))
+    # `xr node run --check` says so too, with the usage exit code.
+    result = _run(
+        "node", "run", "--check", "--region", "r0", "--data-dir", str(data_dir),
+        "--raft-address", "127.0.0.1:7001", "--peers", "127.0.0.1:7002,127.0.0.1:7003",
+    )  # fmt: skip
+    assert result.exit_code == 2 and "holds the Raft data of a cluster" in result.output
 
 
 def test_restore__refuses_a_pipe_without_reading_it(tmp_path: Path) -> None:
