@@ -60,6 +60,7 @@ __all__ = [
     "principal",
     "read",
     "services",
+    "still_authorized",
     "waiting_slot",
     "write",
 ]
@@ -121,6 +122,17 @@ def principal(request: web.Request, permission: Permission = Permission.DATA) ->
     caller = request[PRINCIPAL]
     caller.require(permission)
     return caller
+
+
+def still_authorized(request: web.Request, caller: Principal) -> bool:
+    """Whether the request's token still stands for `caller` (an event stream asks once a
+    second). A token removed from the tokens file, or given another role or tenant, is refused
+    from the next request on; an open stream would otherwise go on sending what it no longer
+    may read."""
+    try:
+        return services(request).auth.authenticate(request) == caller
+    except XrError:
+        return False
 
 
 # Writes and reads.

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from node.api.app import principal, read, services
+from node.api.app import principal, read, services, still_authorized
 from node.api.auth import Permission, Principal
 from node.api.wire import respond, write_to_stream
 from xrcore import StateMachine, regions
@@ -360,6 +360,9 @@ async def _send_snapshots(
             # changes (a write would find out only at the next keepalive).
             transport = request.transport
             if transport is None or transport.is_closing():
+                return
+            # A revoked token's stream ends; the page reconnects, is refused and signs out.
+            if not still_authorized(request, caller):
                 return
             index = store.replica.read(lambda machine: machine.index)
             if index != sent_index:

@@ -18,12 +18,19 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from node.api.app import principal, query_wait_s, read, services, waiting_slot
+from node.api.app import (
+    principal,
+    query_wait_s,
+    read,
+    services,
+    still_authorized,
+    waiting_slot,
+)
 from node.api.auth import Principal
 from node.api.kv import key_view
 from node.api.wire import query_int, query_text, respond, write_to_stream
 from xrcore import StateMachine, kv
-from xrcore.errors import CapacityExceeded, InvalidArgument, XrError
+from xrcore.errors import CapacityExceeded, InvalidArgument, Unauthenticated, XrError
 from xrcore.limits import PAGE_BYTES_MAX
 
 __all__ = ["routes"]
@@ -189,6 +196,10 @@ async def _stream(
         loop = asyncio.get_running_loop()
         last_sent_s = loop.time()
         while True:
+            if not still_authorized(request, caller):
+                revoked = Unauthenticated("the token this stream was opened with is not valid")
+                await write_to_stream(request, response, _sse("error", revoked.to_dict()))
+                break
             for event in events:
                 await write_to_stream(
                     request,

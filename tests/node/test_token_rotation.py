@@ -29,6 +29,7 @@ from node.api.auth import TOKENS_FILE_CHECK_INTERVAL_S
 from node.config import ConfigError, NodeConfig, hash_token
 from raftstore.clock import RealClock
 from tests.node.conftest import ApiNode
+from tests.node.test_api_watch import _sse_events
 
 pytestmark = pytest.mark.integration
 
@@ -269,3 +270,47 @@ def test_sighup__reads_the_file_at_once(api: ApiNode, tmp_path: Path) -> None:
         signal.signal(signal.SIGHUP, previous)
     assert received == [], "the application did not install its SIGHUP handler"
     assert "file-b" in names and "file-a" not in names
+
+
+def test_a_revoked_token__ends_the_event_streams_it_opened(served: _Served) -> None:
+    # A stream opened before the revocation went on sending the tenant's new writes.
+    headers = {"Authorization": "Bearer secret-a", "Accept": "text/event-stream"}
+    writer = {"Authorization": "Bearer secret-b"}  # the same tenant's other token
+    start = served.api.revision() + 1
+
+    async def body() -> tuple[list[dict[str, Any]], bytes, bytes]:
+        client = served.client
+        async with (
+            client.get(f"/v1/watch?prefix=&from_revision={start}", headers=headers) as watch,
+            client.get("/v1/ui/events", headers=headers) as ui,
+        ):
+            assert (watch.status, ui.status) == (200, 200)
+            await served.api.call(
+                "PUT",
+                "/v1/kv/before",
+                json={"value": "1"},
+                token=None,
+                headers=writer,
+                client=client,
+            )
+            before = await _sse_events(watch, 1)
+            _write(served.path, _entry("file-b", "secret-b"))
+            served.clock.pass_interval()
+            await served.api.call(
+                "PUT",
+                "/v1/kv/after",
+                json={"value": "2"},
+                token=None,
+                headers=writer,
+                client=client,
+            )
+            # Both streams end within a second or two of the next look at the token.
+            rest = await asyncio.wait_for(watch.content.read(), timeout=10.0)
+            ui_rest = await asyncio.wait_for(ui.content.read(), timeout=10.0)
+        return before, rest, ui_rest
+
+    before, rest, ui_rest = served.api.run(body())
+    assert [event["data"]["key"] for event in before] == ["before"]
+    assert b"after" not in rest and b"auth.unauthenticated" in rest, rest
+    assert b'"after"' not in ui_rest
+    assert served.status("secret-a") == 401
