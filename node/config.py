@@ -118,6 +118,9 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     wait_max_s: float = 60.0
     # Requests waiting on a lock, a watch or a job at once; beyond it 429.
     waiting_requests_max: int = 1_000
+    # Of those, one tenant's at most (with authentication on): one tenant holding every place
+    # left the others none.
+    waiting_requests_per_tenant_max: int = 250
     # A lock wait that ends without a grant, or whose client went away, takes its session out
     # of the queue with `lock.leave`, which never releases a grant the session got meanwhile
     # (through another node its client retried on). False: the earlier `lock.release`, which
@@ -128,8 +131,9 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # their own bound); beyond it 429 with Retry-After, so admitted requests keep a bounded
     # latency under overload.
     requests_in_flight_max: int = 256
-    # Server-Sent Event streams open at once.
+    # Server-Sent Event streams open at once, and one tenant's at most (with authentication on).
     streams_max: int = 200
+    streams_per_tenant_max: int = 50
     # An event stream one of whose writes waits this long for its client to take data is closed:
     # a client that keeps its connection but stops reading would hold a stream's place for ever.
     stream_write_timeout_s: float = 30.0
@@ -624,8 +628,10 @@ def _check_http(http: HttpConfig) -> None:
         "body_bytes_max",
         "wait_max_s",
         "waiting_requests_max",
+        "waiting_requests_per_tenant_max",
         "requests_in_flight_max",
         "streams_max",
+        "streams_per_tenant_max",
         "stream_write_timeout_s",
         "request_timeout_s",
         "bodies_arriving_max",

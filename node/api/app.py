@@ -15,6 +15,7 @@ the main thread, as `node.daemon` runs it).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -22,7 +23,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -61,6 +62,7 @@ __all__ = [
     "read",
     "services",
     "still_authorized",
+    "stream_slot",
     "waiting_slot",
     "write",
 ]
@@ -89,6 +91,9 @@ class Services:
     audit: AuditLog | None = None
     waiting: int = 0
     streams: int = 0
+    # The same, by tenant (only tenants holding some).
+    waiting_by_tenant: collections.Counter[str] = field(default_factory=collections.Counter)
+    streams_by_tenant: collections.Counter[str] = field(default_factory=collections.Counter)
     # Set on SIGTERM: new waits are refused, running ones end early.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     # Work that outlives its request (leaving a lock queue after the client went away).
@@ -203,16 +208,74 @@ async def read(request: web.Request, query: Callable[[StateMachine], T]) -> Read
 
 @contextlib.asynccontextmanager
 async def waiting_slot(request: web.Request) -> AsyncIterator[None]:
-    """A place among the requests allowed to wait (lock waits, long polls); 429 beyond it."""
+    """A place among the requests allowed to wait (lock waits, long polls); 429 beyond the
+    node's bound or the caller's tenant's share of it."""
     node = services(request)
-    limit = node.config.http.waiting_requests_max
-    if node.waiting >= limit:
-        raise CapacityExceeded(f"{limit} requests are already waiting on this node; retry later")
+    http = node.config.http
+    tenant = _share_holder(request, node)
+    if node.waiting >= http.waiting_requests_max:
+        raise CapacityExceeded(
+            f"{http.waiting_requests_max} requests are already waiting on this node; retry later"
+        )
+    if (
+        tenant is not None
+        and node.waiting_by_tenant[tenant] >= http.waiting_requests_per_tenant_max
+    ):
+        raise CapacityExceeded(
+            f"{http.waiting_requests_per_tenant_max} requests of tenant {tenant!r} are already "
+            "waiting on this node (http.waiting_requests_per_tenant_max); retry later"
+        )
     node.waiting += 1
+    if tenant is not None:
+        node.waiting_by_tenant[tenant] += 1
     try:
         yield
     finally:
         node.waiting -= 1
+        if tenant is not None:
+            _release(node.waiting_by_tenant, tenant)
+
+
+@contextlib.contextmanager
+def stream_slot(request: web.Request) -> Iterator[None]:
+    """A place among the open event streams; 429 beyond the node's bound or the caller's
+    tenant's share of it."""
+    node = services(request)
+    http = node.config.http
+    tenant = _share_holder(request, node)
+    if node.streams >= http.streams_max:
+        raise CapacityExceeded(
+            f"{http.streams_max} event streams are open on this node; retry later"
+        )
+    if tenant is not None and node.streams_by_tenant[tenant] >= http.streams_per_tenant_max:
+        raise CapacityExceeded(
+            f"{http.streams_per_tenant_max} event streams of tenant {tenant!r} are open on this "
+            "node (http.streams_per_tenant_max); retry later"
+        )
+    node.streams += 1
+    if tenant is not None:
+        node.streams_by_tenant[tenant] += 1
+    try:
+        yield
+    finally:
+        node.streams -= 1
+        if tenant is not None:
+            _release(node.streams_by_tenant, tenant)
+
+
+def _share_holder(request: web.Request, node: Services) -> str | None:
+    """The tenant whose share a wait or a stream counts against: None with authentication
+    off, where every request is the same anonymous caller and only the node's bound applies."""
+    caller = request.get(PRINCIPAL)
+    if not node.auth.enabled or not isinstance(caller, Principal):
+        return None
+    return caller.tenant
+
+
+def _release(counts: collections.Counter[str], tenant: str) -> None:
+    counts[tenant] -= 1
+    if counts[tenant] <= 0:
+        del counts[tenant]
 
 
 def wait_s(request: web.Request, requested_s: float) -> float:

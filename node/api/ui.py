@@ -31,11 +31,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from node.api.app import principal, read, services, still_authorized
+from node.api.app import principal, read, services, still_authorized, stream_slot
 from node.api.auth import Permission, Principal
 from node.api.wire import respond, write_to_stream
 from xrcore import StateMachine, regions
-from xrcore.errors import CapacityExceeded
 from xrcore.model import Job, Task, TaskState
 
 __all__ = ["STATIC_FILES", "routes", "snapshot"]
@@ -322,12 +321,7 @@ def _event(name: str, data: Any) -> bytes:
 @routes.get("/v1/ui/events")
 async def events(request: web.Request) -> web.StreamResponse:
     caller = _caller(request)
-    node = services(request)
-    limit = node.config.http.streams_max
-    if node.streams >= limit:
-        raise CapacityExceeded(f"{limit} event streams are open on this node; retry later")
-    node.streams += 1
-    try:
+    with stream_slot(request):
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -340,8 +334,6 @@ async def events(request: web.Request) -> web.StreamResponse:
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
         return response
-    finally:
-        node.streams -= 1
 
 
 async def _send_snapshots(

@@ -19,18 +19,20 @@ import msgspec
 from aiohttp import web
 
 from node.api.app import (
+    Services,
     principal,
     query_wait_s,
     read,
     services,
     still_authorized,
+    stream_slot,
     waiting_slot,
 )
 from node.api.auth import Principal
 from node.api.kv import key_view
 from node.api.wire import query_int, query_text, respond, write_to_stream
 from xrcore import StateMachine, kv
-from xrcore.errors import CapacityExceeded, InvalidArgument, Unauthenticated, XrError
+from xrcore.errors import InvalidArgument, Unauthenticated, XrError
 from xrcore.limits import PAGE_BYTES_MAX
 
 __all__ = ["routes"]
@@ -175,61 +177,63 @@ async def _stream(
     request: web.Request, caller: Principal, prefix: str, start: int
 ) -> web.StreamResponse:
     node = services(request)
-    limit = node.config.http.streams_max
-    if node.streams >= limit:
-        raise CapacityExceeded(f"{limit} event streams are open on this node; retry later")
-    # The first read goes through the barrier and raises before the stream starts (a 410 or a
-    # 503 is then an ordinary error answer).
-    result = await read(request, lambda machine: _collect(machine, prefix, start, _SSE_BATCH))
-    node.streams += 1
-    try:
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-            }
-        )
-        await response.prepare(request)
-        events, next_revision, _ = result.value
-        store = node.store
-        loop = asyncio.get_running_loop()
-        last_sent_s = loop.time()
-        while True:
-            if not still_authorized(request, caller):
-                revoked = Unauthenticated("the token this stream was opened with is not valid")
-                await write_to_stream(request, response, _sse("error", revoked.to_dict()))
-                break
-            for event in events:
-                await write_to_stream(
-                    request,
-                    response,
-                    _sse(
-                        "put" if event["kind"] == "put" else "delete",
-                        _event_view(caller, event),
-                        event_id=event["revision"],
-                    ),
-                )
-                last_sent_s = loop.time()
-            if node.stopping.is_set():
-                break
-            if loop.time() - last_sent_s >= _SSE_KEEPALIVE_S:
-                await write_to_stream(request, response, b": keepalive\n\n")
-                last_sent_s = loop.time()
-            index = store.replica.read(lambda machine: machine.index)
-            await store.wait_applied(index, timeout_s=1.0)
-            try:
-                (events, next_revision, _), _ = store.replica.read(
-                    partial(
-                        _collect_at, prefix=prefix, from_revision=next_revision, limit=_SSE_BATCH
-                    )
-                )
-            except XrError as error:
-                # The watcher fell behind the retained history.
-                await write_to_stream(request, response, _sse("error", error.to_dict()))
-                break
-        with contextlib.suppress(ConnectionResetError):
-            await response.write_eof()
-        return response
-    finally:
-        node.streams -= 1
+    with stream_slot(request):
+        # The first read goes through the barrier and raises before the stream starts (a 410
+        # or a 503 is then an ordinary error answer).
+        result = await read(request, lambda machine: _collect(machine, prefix, start, _SSE_BATCH))
+        return await _follow(request, caller, prefix, node, result.value)
+
+
+async def _follow(
+    request: web.Request,
+    caller: Principal,
+    prefix: str,
+    node: Services,
+    first: tuple[list[dict[str, Any]], int, int],
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await response.prepare(request)
+    events, next_revision, _ = first
+    store = node.store
+    loop = asyncio.get_running_loop()
+    last_sent_s = loop.time()
+    while True:
+        if not still_authorized(request, caller):
+            revoked = Unauthenticated("the token this stream was opened with is not valid")
+            await write_to_stream(request, response, _sse("error", revoked.to_dict()))
+            break
+        for event in events:
+            await write_to_stream(
+                request,
+                response,
+                _sse(
+                    "put" if event["kind"] == "put" else "delete",
+                    _event_view(caller, event),
+                    event_id=event["revision"],
+                ),
+            )
+            last_sent_s = loop.time()
+        if node.stopping.is_set():
+            break
+        if loop.time() - last_sent_s >= _SSE_KEEPALIVE_S:
+            await write_to_stream(request, response, b": keepalive\n\n")
+            last_sent_s = loop.time()
+        index = store.replica.read(lambda machine: machine.index)
+        await store.wait_applied(index, timeout_s=1.0)
+        try:
+            (events, next_revision, _), _ = store.replica.read(
+                partial(_collect_at, prefix=prefix, from_revision=next_revision, limit=_SSE_BATCH)
+            )
+        except XrError as error:
+            # The watcher fell behind the retained history.
+            await write_to_stream(request, response, _sse("error", error.to_dict()))
+            break
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
+    return response

@@ -244,3 +244,68 @@ def test_sse__a_client_that_stops_reading__is_cut_off_and_its_stream_place_freed
         node.run(scenario())
     finally:
         node.close()
+
+
+def test_streams_and_waits__one_tenant_takes_at_most_its_share(tmp_path: Path) -> None:
+    # One tenant opening every stream (and every long poll) of a node left the others none.
+    node = ApiNode(tmp_path)
+    http = msgspec.structs.replace(
+        node.config.http,
+        streams_max=4,
+        streams_per_tenant_max=2,
+        waiting_requests_max=4,
+        waiting_requests_per_tenant_max=2,
+    )
+    config = dataclasses.replace(node.config, http=http)
+
+    async def scenario() -> dict[str, Any]:
+        app = create_app(config, store=node.store)
+        client = await node.serve(app)
+        services = app[SERVICES]
+        seen: dict[str, Any] = {}
+        sse = {"Accept": "text/event-stream"}
+
+        def stream(token: str) -> Any:
+            return client.get(
+                "/v1/watch?prefix=share/&from_revision=1", headers={**auth_headers(token), **sse}
+            )
+
+        # Closed, not left through `async with`, which waits for an endless stream to end.
+        first, second = await stream("alpha"), await stream("alpha")
+        try:
+            assert (first.status, second.status) == (200, 200)
+            third = await node.call(
+                "GET", "/v1/watch?prefix=share/&from_revision=1", headers=sse, client=client
+            )
+            seen["alpha_third_stream"] = (third.status, third.document["error"]["message"])
+            other = await stream("beta")
+            seen["beta_stream"] = other.status
+            other.close()
+            # Long polls: alpha's two waits take its share, beta still gets one.
+            revision = node.store.replica.read(lambda machine: machine.revision) + 1000
+            poll = f"/v1/watch?prefix=share/&from_revision={revision}&wait_s=2"
+            waits = [asyncio.ensure_future(node.call("GET", poll, client=client)) for _ in range(2)]
+            await eventually(lambda: services.waiting == 2)
+            refused = await node.call("GET", poll, client=client)
+            seen["alpha_third_wait"] = (refused.status, refused.document["error"]["message"])
+            other_wait = await node.call("GET", poll, token="beta", client=client)
+            seen["beta_wait"] = other_wait.status
+            await asyncio.gather(*waits)
+        finally:
+            first.close()
+            second.close()
+        await eventually(lambda: services.streams == 0 and services.waiting == 0)
+        seen["counts_left"] = (dict(services.streams_by_tenant), dict(services.waiting_by_tenant))
+        return seen
+
+    try:
+        seen = node.run(scenario())
+    finally:
+        node.close()
+    status, message = seen["alpha_third_stream"]
+    assert status == 429 and "2 event streams of tenant 'alpha'" in message
+    assert seen["beta_stream"] == 200
+    status, message = seen["alpha_third_wait"]
+    assert status == 429 and "2 requests of tenant 'alpha'" in message
+    assert seen["beta_wait"] == 200
+    assert seen["counts_left"] == ({}, {})
