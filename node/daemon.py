@@ -104,11 +104,19 @@ def http_server_options(config: NodeConfig) -> dict[str, Any]:
 
 
 def check_members(config: NodeConfig) -> None:
-    """Refuses a configuration whose members are not the ones the data directory's Raft
-    snapshot names. pysyncobj takes the member set from the snapshot and silently ignores
-    `raft.address` and `raft.peers`: a member seeded by `xr snapshot restore` without `--peers`
-    ran as a cluster of one beside the others, and the cluster had two leaders, each granting
-    the same lock."""
+    """Refuses a data directory the node cannot run on: a configuration whose members are not
+    the ones the directory's Raft snapshot names, and an empty journal. pysyncobj takes the
+    member set from the snapshot and silently ignores `raft.address` and `raft.peers`: a member
+    seeded by `xr snapshot restore` without `--peers` ran as a cluster of one beside the others,
+    and the cluster had two leaders, each granting the same lock."""
+    journal = config.raft.journal_file
+    if journal.exists() and journal.stat().st_size == 0:
+        # pysyncobj fails to map it, with a traceback, at every start.
+        raise ConfigError(
+            f"data_dir {config.data_dir}: {journal} is empty (a restore or a first start that "
+            "did not finish?); it holds nothing: remove it, and the snapshot beside it if a "
+            "restore left one, then start again or restore again"
+        )
     try:
         members = snapshot_members(config.raft)
     except CodecError as error:

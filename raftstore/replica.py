@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import importlib
 import logging
 import os
@@ -1266,13 +1267,26 @@ def seed_data_dir(config: RaftConfig, state: bytes) -> None:
         if existing.exists():
             raise InvalidArgument(f"{existing} exists: restore only into a new data directory")
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    meta_file = Path(str(config.journal_file) + ".meta")
+    try:
+        _seed(config, state, meta_file)
+    except BaseException:
+        # A full disk, say: what was written would stop the node at start (an empty journal)
+        # and refuse the next restore; the directory goes back to holding no Raft data.
+        for written in (config.snapshot_file, config.journal_file, meta_file):
+            with contextlib.suppress(OSError):
+                written.unlink(missing_ok=True)
+        raise
+
+
+def _seed(config: RaftConfig, state: bytes, meta_file: Path) -> None:
     no_op = bytes([1])  # pysyncobj's _COMMAND_TYPE.NO_OP
     first, last = (no_op, 1, 1), (no_op, 2, 1)
     members = {TCPNode(address) for address in (config.self_address, *config.peers)}
     write_file_durably(config.snapshot_file, encode_raft_snapshot((last, first, members), state))
     journal = _journal_module.FileJournal(str(config.journal_file))
     setattr(  # noqa: B010 - name-mangled
-        journal, "_FileJournal__metaStorer", _DurableMetaStorer(str(config.journal_file) + ".meta")
+        journal, "_FileJournal__metaStorer", _DurableMetaStorer(str(meta_file))
     )
     journal.add(*first)
     journal.add(*last)

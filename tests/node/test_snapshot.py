@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -31,6 +32,7 @@ from node.config import ConfigError, NodeConfig, load_config
 from node.daemon import check_members
 from node.data_dir import DataDirLock
 from node.localcluster import LocalCluster
+from raftstore import replica
 from tests.node.conftest import ApiNode
 from xrcore import StateMachine
 from xrcore.client import Client
@@ -205,6 +207,40 @@ def test_restored_member__started_with_other_members__is_refused(tmp_path: Path)
         "--raft-address", "127.0.0.1:7001", "--peers", "127.0.0.1:7002,127.0.0.1:7003",
     )  # fmt: skip
     assert result.exit_code == 2 and "holds the Raft data of a cluster" in result.output
+
+
+def test_restore__that_fails_half_way__leaves_no_raft_data_and_a_node_names_an_empty_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restore that met a full disk left the snapshot and an empty journal: the next restore
+    # was refused ("exists") and the node failed at every start with a traceback from mmap.
+    file = tmp_path / "backup.xr"
+    file.write_bytes(_backup())
+    data_dir = tmp_path / "node"
+    arguments = ["snapshot", "restore", str(file), "--data-dir", str(data_dir)]
+    arguments += ["--raft-address", "127.0.0.1:7001"]
+
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(replica._journal_module.FileJournal, "add", full)
+        result = _run(*arguments)
+    assert result.exit_code == 1 and "No space left on device" in result.output, result.output
+    assert sorted(path.name for path in (data_dir / "raft").iterdir()) == []
+    assert _run(*arguments).exit_code == 0
+    # A journal left empty by something else is named, not a traceback.
+    (data_dir / "raft" / "raft.journal").write_bytes(b"")
+    config = load_config(
+        environ={},
+        overrides={
+            "region.name": "r0",
+            "raft.address": "127.0.0.1:7001",
+            "data_dir": str(data_dir),
+        },
+    )
+    with pytest.raises(ConfigError, match="is empty"):
+        check_members(config)
 
 
 def test_restore__refuses_a_pipe_without_reading_it(tmp_path: Path) -> None:
