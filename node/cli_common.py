@@ -47,8 +47,10 @@ __all__ = [
     "ClientSettings",
     "CommandFailed",
     "client_options",
+    "client_options_timed",
     "connect",
     "emit",
+    "endpoints_hinted",
     "error_line",
     "exit_code_for",
     "format_time_ms",
@@ -138,6 +140,9 @@ class ClientSettings:
     endpoints: list[str]
     token: str | None
     timeout_s: float
+    # No flag, environment variable or client configuration named the endpoints: they are
+    # `DEFAULT_ENDPOINT`.
+    default_endpoints: bool = False
     # PEM files for TLS (`https://` endpoints); None: the default.
     ca_file: str | None = None
     cert_file: str | None = None
@@ -154,7 +159,20 @@ def _remember(
     return callback
 
 
-_OPTIONS: list[Callable[[F], F]] = [
+def _timeout_option(default_timeout_s: float) -> Callable[[F], F]:
+    return click.option(
+        "--timeout",
+        "timeout_s",
+        metavar="SECONDS",
+        type=FiniteFloatRange(min=0, min_open=True),
+        expose_value=False,
+        callback=_remember("timeout_s"),
+        help=f"Seconds to wait for each request [default {default_timeout_s:g}].",
+    )
+
+
+# None: --timeout, whose default the command gives (`client_options_timed`).
+_OPTIONS: list[Callable[[F], F] | None] = [
     click.option(
         "--endpoints",
         metavar="URLS",
@@ -196,15 +214,7 @@ _OPTIONS: list[Callable[[F], F]] = [
         callback=_remember("json"),
         help="Machine output: one JSON document on stdout.",
     ),
-    click.option(
-        "--timeout",
-        "timeout_s",
-        metavar="SECONDS",
-        type=FiniteFloatRange(min=0, min_open=True),
-        expose_value=False,
-        callback=_remember("timeout_s"),
-        help=f"Seconds to wait for each request [default {DEFAULT_TIMEOUT_S:g}].",
-    ),
+    None,
     click.option(
         "--ca-file",
         metavar="FILE",
@@ -233,9 +243,20 @@ _OPTIONS: list[Callable[[F], F]] = [
 
 def client_options(function: F) -> F:
     """Adds the connection options to a command; read them with `options()`."""
-    for option in reversed(_OPTIONS):
-        function = option(function)
-    return function
+    return client_options_timed(DEFAULT_TIMEOUT_S)(function)
+
+
+def client_options_timed(default_timeout_s: float) -> Callable[[F], F]:
+    """`client_options` for a command whose requests wait `default_timeout_s` unless told
+    otherwise (give `resolve_settings` the same), so that its --help says so."""
+    timeout_option: Callable[[F], F] = _timeout_option(default_timeout_s)
+
+    def decorate(function: F) -> F:
+        for option in reversed(_OPTIONS):
+            function = (option or timeout_option)(function)
+        return function
+
+    return decorate
 
 
 def options() -> ClientOptions:
@@ -357,6 +378,9 @@ def resolve_settings(
         endpoints = _normalize_endpoints(file["endpoints"], where="--config")
     else:
         endpoints = [DEFAULT_ENDPOINT]
+    default_endpoints = not (
+        given.endpoints is not None or environ.get("XR_ENDPOINTS") or file.get("endpoints")
+    )
     token: str | None
     if given.token is not None:
         token = given.token
@@ -376,7 +400,13 @@ def resolve_settings(
         flag = getattr(given, name)
         variable = f"XR_{name.upper()}"
         tls_files[name] = flag or environ.get(variable) or file.get(name)
-    return ClientSettings(endpoints=endpoints, token=token, timeout_s=timeout_s, **tls_files)
+    return ClientSettings(
+        endpoints=endpoints,
+        token=token,
+        timeout_s=timeout_s,
+        default_endpoints=default_endpoints,
+        **tls_files,
+    )
 
 
 def open_client(settings: ClientSettings, *, endpoints: Sequence[str] | None = None) -> Client:
@@ -421,9 +451,27 @@ def connect() -> Iterator[Client]:
 
     client = open_client(settings)
     try:
-        yield client
+        with endpoints_hinted(settings):
+            yield client
     finally:
         client.close()
+
+
+@contextmanager
+def endpoints_hinted(settings: ClientSettings) -> Iterator[None]:
+    """A cluster that cannot be reached at the default endpoints, which nothing chose, is most
+    likely elsewhere (`xr up` picks free ports): the error says how to point the command at it."""
+    from xrcore.errors import ClusterUnavailable
+
+    try:
+        yield
+    except ClusterUnavailable as error:
+        if not settings.default_endpoints:
+            raise
+        raise ClusterUnavailable(
+            f"{error.message}; no endpoints were given, so the default {DEFAULT_ENDPOINT} was "
+            "asked: set XR_ENDPOINTS or --endpoints (xr up prints them)"
+        ) from None
 
 
 # Output.

@@ -382,7 +382,8 @@ def up(
     a table of regions, API URLs, Raft addresses, logs and data directories, and the
     `export XR_ENDPOINTS=...` line for the other commands. Ctrl-C (or SIGTERM) stops every node
     cleanly; a node that fails to start shows its log and stops the rest (exit code 1). A `--set`
-    the nodes would refuse, or a `--dir` no file can be made in, exits 2 before any node starts.
+    the nodes would refuse (or any tls.* one: it starts no TLS nodes), a port something already
+    listens on, or a `--dir` no file can be made in, exits 2 before any node starts.
     """
     from node.up import UpError, UpOptions, run_up
 
@@ -431,6 +432,7 @@ def token_hash(generate: bool, name: str, role: str, tenant: str) -> int:
     """
     from node.config import hash_token
 
+    _check_token_fields(name=name, role=role, tenant=tenant)
     if generate:
         secret = secrets.token_urlsafe(32)
     elif sys.stdin is None:
@@ -452,7 +454,32 @@ def token_hash(generate: bool, name: str, role: str, tenant: str) -> int:
         click.echo(f"# the token (shown once; give it to the clients): {secret}")
     # JSON strings are valid TOML basic strings, quotes and escapes included.
     click.echo(
-        f"# for the node configuration:\n[[auth.tokens]]\nname = {json.dumps(name)}\n"
+        "# for the node configuration:\n"
+        "# (in a tokens file, auth.tokens_file, the table is [[tokens]] instead)\n"
+        f"[[auth.tokens]]\nname = {json.dumps(name)}\n"
         f'sha256 = "{digest}"\nrole = "{role}"\ntenant = {json.dumps(tenant)}'
     )
     return 0
+
+
+def _check_token_fields(*, name: str, role: str, tenant: str) -> None:
+    """Refuses, as a usage error, a name, role or tenant the node would refuse in the snippet:
+    by the check the node's configuration loader makes of `auth.tokens`, and an empty name as the
+    tokens file's loader refuses it. Before any token is read or made, so nothing is printed."""
+    import msgspec
+
+    from node.config import AuthConfig, ConfigError, TokenConfig
+    from node.config import _check_auth as check_auth
+
+    if not name:
+        raise click.BadParameter("must not be empty", param_hint="--name")
+    # Any well-formed digest: only the fields given on the command line are checked here.
+    document = {"name": name, "sha256": "0" * 64, "role": role, "tenant": tenant}
+    try:
+        check_auth(AuthConfig(tokens=[msgspec.convert(document, TokenConfig)]))
+    except msgspec.ValidationError as error:
+        raise click.UsageError(f"the token's {error}") from None
+    except ConfigError as error:
+        # "setting auth.tokens.0.tenant: ..." names the field, which is the flag's name.
+        where, _, problem = str(error).partition(": ")
+        raise click.BadParameter(problem, param_hint=f"--{where.rpartition('.')[2]}") from None

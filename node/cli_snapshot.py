@@ -21,8 +21,9 @@ import click
 from node.api.snapshot import decode_backup
 from node.cli_common import (
     CommandFailed,
-    client_options,
+    client_options_timed,
     emit,
+    endpoints_hinted,
     key_values,
     options,
     resolve_settings,
@@ -66,7 +67,8 @@ async def _fetch(path: str) -> dict[str, object]:
         answer_bytes_max=_BACKUP_ANSWER_BYTES_MAX,
     )
     try:
-        answer = await transport.call("GET", path)
+        with endpoints_hinted(settings):
+            answer = await transport.call("GET", path)
     finally:
         await transport.close()
     if not isinstance(answer, dict):
@@ -90,7 +92,7 @@ def _target_problem(file: Path) -> str | None:
 
 @snapshot.command("save")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@client_options
+@client_options_timed(_SAVE_TIMEOUT_S_DEFAULT)
 def snapshot_save(file: Path) -> int:
     """Save a consistent backup of the cluster's replicated state (KV, sessions, locks, jobs,
     regions, tenants) to FILE (admins only). It holds every write acknowledged before the

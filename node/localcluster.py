@@ -30,6 +30,7 @@ __all__ = [
     "SECRET_FILE",
     "LocalCluster",
     "LocalNode",
+    "check_port_free",
     "free_ports",
     "prepare_directory",
     "secret_file",
@@ -58,6 +59,15 @@ def secret_file(path: Path) -> Path:
     with os.fdopen(descriptor, "w") as file:
         file.write(secrets.token_urlsafe(32) + "\n")
     return path
+
+
+def check_port_free(port: int, *, host: str = HOST) -> None:
+    """OSError (EADDRINUSE) when `port` on `host` cannot be listened on now. Listened on as a
+    node listens, with SO_REUSEADDR: a port left in TIME_WAIT by a node just stopped is free."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+        probe.listen()
 
 
 def free_ports(count: int) -> list[int]:

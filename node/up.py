@@ -42,6 +42,7 @@ from node.localcluster import (
     SECRET_FILE,
     LocalCluster,
     LocalNode,
+    check_port_free,
     free_ports,
     prepare_directory,
     secret_file,
@@ -112,6 +113,7 @@ def _check_settings(
     """Loads the first region's configuration as its node will (the environment, then the
     flags, then `--set`), so that a bad `--set` is refused before any node starts. Returns
     whether it leaves Raft without a secret, and not by `raft.insecure`."""
+    from node.api.auth import Authenticator
     from node.config import ConfigError, load_config
 
     for name in sorted(set(options.settings) & set(_PER_REGION)):
@@ -119,6 +121,9 @@ def _check_settings(
             f"invalid setting: {name}: xr up gives each region its own ({_PER_REGION[name]}), "
             "not one for all by --set"
         )
+    for name in sorted(options.settings):
+        if name.startswith("tls."):
+            raise UpError(_no_tls(name, "--set"))
     data_dir = (options.base_dir or Path(tempfile.gettempdir()) / "xr-up") / names[0]
     overrides = {
         "region.name": names[0],
@@ -130,9 +135,38 @@ def _check_settings(
     }
     try:
         config = load_config(overrides=overrides)
+        # The tokens file, read as each node reads it at start (which a bad one stops).
+        Authenticator(config.auth)
     except ConfigError as error:
         raise UpError(f"invalid setting: {error}") from None
+    # From the environment (the --set ones were refused above).
+    for name, source in sorted(config.sources.items()):
+        if name.startswith("tls."):
+            raise UpError(_no_tls(name, source))
     return config.raft.cluster_secret is None and not config.raft.insecure
+
+
+def _no_tls(name: str, source: str) -> str:
+    # Its readiness checks and the endpoints it prints are plain http: it would wait for nodes
+    # that serve https only, then give up on them.
+    return (
+        f"invalid setting: {name} (from {source}): xr up does not start TLS nodes; start each "
+        "with `xr node run` (docs/security.md)"
+    )
+
+
+def _check_ports_free(http_ports: list[int], raft_ports: list[int], *, remedy: str) -> None:
+    """UpError when a port the nodes will listen on is taken: another cluster's nodes on it would
+    answer the readiness checks of this one's, which then could not listen on it."""
+    for kind, ports in (("API", http_ports), ("Raft", raft_ports)):
+        for port in ports:
+            try:
+                check_port_free(port)
+            except OSError as error:
+                raise UpError(
+                    f"{kind} port {HOST}:{port} cannot be used: {error.strerror or error} "
+                    f"(another cluster's nodes?); {remedy}"
+                ) from None
 
 
 def _read_state(base_dir: Path, region_names: list[str]) -> dict[str, Any] | None:
@@ -332,6 +366,13 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
             _check_not_running(base_dir, names)
     http_ports, raft_ports = plan_ports(names, base_port=options.base_port, recorded=recorded)
     needs_secret = _check_settings(options, names, http_ports, raft_ports)
+    if options.base_port is not None:
+        remedy = "choose another --base-port"
+    elif recorded is not None:
+        remedy = f"the cluster in {base_dir} uses the ports in {STATE_FILE} there; free them"
+    else:
+        remedy = "try again"
+    _check_ports_free(http_ports, raft_ports, remedy=remedy)
     if options.base_dir is None:
         base_dir = Path(tempfile.mkdtemp(prefix="xr-up-"))
     settings = dict(options.settings)

@@ -318,9 +318,10 @@ class LockContext:
         try:
             result = await self._locks.acquire(self._name, info.session_id, wait_s=self._wait_s)
             if not result.granted or result.token is None:
+                # A wait that timed out is not told the holder, and the lock may be free by now.
+                held_by = "" if result.holder is None else f" (held by session {result.holder})"
                 raise LockNotGranted(
-                    f"lock {self._name!r} was not granted within {self._wait_s} s "
-                    f"(held by session {result.holder})"
+                    f"lock {self._name!r} was not granted within {self._wait_s:g} s{held_by}"
                 )
         except BaseException:
             await keeper.stop()

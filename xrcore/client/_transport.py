@@ -490,6 +490,9 @@ class Transport:
         loop = asyncio.get_running_loop()
         uncertain = False
         last_problem = "no try was made"
+        # Whether the last problem was a node's answer that its cluster has no leader, or that
+        # the log entry was not committed in time: what a cluster without a quorum answers.
+        last_without_quorum = False
         tries = 0
         # A long poll waits on a node that took its request: while no node has (each refused
         # the connection, or none could be reached), the call has its own timeout alone.
@@ -499,7 +502,15 @@ class Transport:
             give_up_s = deadline_s if reached else min(deadline_s, started_s + own_timeout_s)
             remaining_s = give_up_s - now_s
             if remaining_s <= 0:
-                raise _give_up(method, path, give_up_s - started_s, uncertain, last_problem)
+                raise _give_up(
+                    method,
+                    path,
+                    give_up_s - started_s,
+                    uncertain,
+                    last_problem,
+                    write=write,
+                    without_quorum=last_without_quorum,
+                )
             endpoint_index = self._current
             wait_left_s = None if wait_until_s is None else max(0.0, wait_until_s - now_s)
             try_timeout_s = min(
@@ -523,6 +534,7 @@ class Transport:
             except aiohttp.ClientConnectorError as error:
                 # Refused or unreachable: the request was never sent.
                 last_problem = f"{self.endpoints[endpoint_index]}: {error}"
+                last_without_quorum = False
             except (aiohttp.ClientError, TimeoutError) as error:
                 # Sent, but the answer was lost: a write may have been applied.
                 reached = True
@@ -531,11 +543,13 @@ class Transport:
                 # it did: what they met is what the error reports.
                 if not (isinstance(error, TimeoutError) and try_timeout_s >= remaining_s > 0):
                     last_problem = (
-                        f"{self.endpoints[endpoint_index]}: {type(error).__name__} {error}"
+                        f"{self.endpoints[endpoint_index]}: {_lost_answer(error)}"
                         f"{self._disconnection_hint(self.endpoints[endpoint_index], error)}"
                     )
+                    last_without_quorum = False
                 elif tries == 1:
                     last_problem = f"{self.endpoints[endpoint_index]}: no answer in time"
+                    last_without_quorum = False
             else:
                 reached = True
                 endpoint = self.endpoints[endpoint_index]
@@ -550,6 +564,7 @@ class Transport:
                         f"{endpoint}: HTTP {answer.status} with an answer that is not a JSON "
                         "object (not an xr node?)"
                     )
+                    last_without_quorum = False
                 else:
                     failure = _server_error(
                         answer.status, answer.document, f"{method} {path}", endpoint
@@ -560,13 +575,19 @@ class Transport:
                             continue
                         if uncertain:
                             raise _give_up(
-                                method, path, deadline_s - started_s, uncertain, repr(failure)
+                                method,
+                                path,
+                                deadline_s - started_s,
+                                uncertain,
+                                repr(failure),
+                                write=write,
                             )
                         raise failure
                     if answer.status < 500:
                         raise failure
                     uncertain = uncertain or (write and not failure.definite)
                     last_problem = f"{endpoint}: {failure.code}: {failure.message}"
+                    last_without_quorum = _without_quorum(failure)
             log.debug("%s %s: try %d failed (%s)", method, path, tries, last_problem)
             self._rotate_from(endpoint_index)
             await self._back_off(tries, deadline_s - loop.time())
@@ -645,7 +666,8 @@ class Transport:
             )
         except (aiohttp.ClientError, TimeoutError) as error:
             raise ClusterUnavailable(
-                f"{endpoint} did not answer: {error}{self._disconnection_hint(endpoint, error)}"
+                f"{endpoint} did not answer: {str(error) or 'no answer in time'}"
+                f"{self._disconnection_hint(endpoint, error)}"
             ) from None
         return answer.status, answer.document
 
@@ -750,18 +772,45 @@ def _check_finite(value: Any, where: str) -> None:
             _check_finite(item, f"{where}[{position}]")
 
 
+def _lost_answer(error: BaseException) -> str:
+    """What a try that was sent but got no answer met. A try cut short by its own timeout raises
+    a TimeoutError with no text."""
+    text = str(error)
+    if not text and isinstance(error, TimeoutError):
+        return "no answer in time"
+    return f"{type(error).__name__} {text}".rstrip()
+
+
+def _without_quorum(failure: XrError) -> bool:
+    """Whether a node's error answer is what a cluster without a quorum answers: no leader
+    known or reachable, or a log entry not committed in time."""
+    if isinstance(failure, Timeout):
+        return True
+    return isinstance(failure, ClusterUnavailable) and "no leader" in failure.message
+
+
 def _give_up(
-    method: str, path: str, deadline_s: float, uncertain: bool, last_problem: str
+    method: str,
+    path: str,
+    deadline_s: float,
+    uncertain: bool,
+    last_problem: str,
+    *,
+    write: bool,
+    without_quorum: bool = False,
 ) -> XrError:
     """The error for a call that ran out of time; `deadline_s`: the time it had (its timeout,
-    plus a long poll's wait)."""
+    plus a long poll's wait). A read applies nothing whatever happened, so only a write says
+    that nothing was applied."""
     shown_s = f"{round(deadline_s, 2):g}"
+    hint = "; the cluster may have no quorum (see `xr cluster status`)" if without_quorum else ""
     if uncertain:
         return Timeout(
             f"{method} {path}: no answer within {shown_s} s; it may or may not have been "
-            f"applied (last: {last_problem})"
+            f"applied (last: {last_problem}){hint}"
         )
+    applied = "; nothing was applied" if write else ""
     return ClusterUnavailable(
-        f"{method} {path}: no node could serve it within {shown_s} s; nothing was applied "
-        f"(last: {last_problem})"
+        f"{method} {path}: no node could serve it within {shown_s} s{applied} "
+        f"(last: {last_problem}){hint}"
     )
