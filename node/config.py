@@ -15,6 +15,7 @@ import math
 import os
 import pwd
 import tomllib
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -459,6 +460,19 @@ def load_config(
     return _build(tree, sources)
 
 
+def _choices(dotted: str) -> tuple[str, ...] | None:
+    """The values a setting of a `Literal` type may take, or None for any other setting."""
+    kind: Any = _File
+    for part in dotted.split("."):
+        try:
+            kind = typing.get_type_hints(kind)[part]
+        except (KeyError, TypeError):
+            return None
+    if typing.get_origin(kind) is not Literal:
+        return None
+    return tuple(str(choice) for choice in typing.get_args(kind))
+
+
 def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
     try:
         parsed = msgspec.convert(tree, _File, strict=False)
@@ -480,6 +494,10 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
                 else f" (got {_describe(dotted, value)})"
             )
             entry = " in one of its entries" if in_entry else ""
+            choices = _choices(dotted) if detail.startswith("Invalid enum value") else None
+            if choices is not None:
+                # msgspec names the value, which `shown` names again, and not the choices.
+                detail = f"must be one of {', '.join(choices)}"
             raise ConfigError(f"setting {dotted}{entry}: {detail}{shown}") from None
         raise ConfigError(f"configuration: {detail}") from None
     _check_numbers(parsed)
@@ -531,6 +549,13 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
     except InvalidArgument as error:
         raise ConfigError(f"setting {error}") from None
     _check_http(parsed.http)
+    raft_port = parsed.raft.address.rpartition(":")[2]
+    if parsed.http.address.rpartition(":")[2] == raft_port:
+        # pysyncobj listens on every interface at the Raft port, whatever the host part says.
+        raise ConfigError(
+            f"setting http.address: {parsed.http.address!r} uses port {raft_port}, which "
+            f"raft.address ({parsed.raft.address!r}) takes on every interface"
+        )
     _check_tls(parsed.tls)
     _check_audit(parsed.audit)
     _check_region(parsed.region)

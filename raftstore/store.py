@@ -442,14 +442,16 @@ class RaftStore:
         journal = self.replica.journal
         outbox = self.replica.outbox
         members = []
+        leading = raw["state"] == 2
         for peer in self.config.peers:
             members.append(
                 {
                     "address": peer,
                     "connected": raw.get(f"partner_node_status_server_{peer}", 0) == 2,
                     # Known on the leader only: how far each follower's log matches, and how
-                    # long ago it last answered.
-                    "match_index": raw.get(f"match_idx_server_{peer}"),
+                    # long ago it last answered. pysyncobj keeps a former leader's figures,
+                    # which a follower would show as if current.
+                    "match_index": raw.get(f"match_idx_server_{peer}") if leading else None,
                     "last_contact_s": contact_s.get(peer),
                 }
             )

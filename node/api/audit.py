@@ -174,4 +174,12 @@ class AuditLog:
         # A request that ends after the application stopped writes nothing (the handler would
         # open the file again).
         self._closed = True
-        self._handler.close()
+        try:
+            self._handler.close()
+        except OSError as error:
+            # Lines still buffered meet a full disk when the file is closed: reported as a
+            # failed write is, and the node's shutdown goes on.
+            print(
+                f"xr: cannot write the audit log {self._handler.baseFilename}: {error}",
+                file=sys.stderr,
+            )

@@ -286,3 +286,17 @@ def test_after_close__a_late_request_writes_nothing(tmp_path: Path) -> None:
     log.close()
     _record(log, 2)
     assert [line["index"] for line in _read(path)] == [1]
+
+
+def test_close__a_file_that_cannot_be_flushed__is_reported_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Closing with the disk full raised ENOSPC out of the application's cleanup at shutdown.
+    log = AuditLog(tmp_path / "audit.log", bytes_max=1 << 20, files_max=2, clock=RealClock())
+
+    def full() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(log._handler, "close", full)
+    log.close()
+    assert "cannot write the audit log" in capsys.readouterr().err

@@ -257,3 +257,30 @@ def test_syncs_run_off_the_event_loop_from_a_millisecond_by_default_and_zero_mea
     for bad in ("-1", "nan", "soon"):
         with pytest.raises(ConfigError, match="background_sync_min_ms"):
             load_config(environ={}, overrides={**BASE, "raft.background_sync_min_ms": bad})
+
+
+@pytest.mark.parametrize(
+    ("setting", "choices"),
+    [
+        ("raft.durability", "write, fsync"),
+        ("log.level", "debug, info, warning, error"),
+        ("tls.client_certs", "none, optional, required"),
+    ],
+)
+def test_a_value_not_among_a_settings_choices__names_the_choices_once(
+    setting: str, choices: str
+) -> None:
+    # It said "Invalid enum value 'sometimes' (got 'sometimes')" and not what was allowed.
+    overrides = {"region.name": "r0", "raft.address": "127.0.0.1:7001", "data_dir": "/tmp/x"}
+    with pytest.raises(ConfigError) as raised:
+        load_config(environ={}, overrides={**overrides, setting: "sometimes"})
+    assert str(raised.value) == f"setting {setting}: must be one of {choices} (got 'sometimes')"
+
+
+def test_an_api_address_on_the_raft_port__is_refused() -> None:
+    # `--check` passed it and the node then failed to listen (exit 1, restarted for ever by a
+    # unit that stops restarting on a configuration error's exit 2).
+    overrides = {"region.name": "r0", "raft.address": "127.0.0.1:7001", "data_dir": "/tmp/x"}
+    for http_address in ("127.0.0.1:7001", "127.0.0.2:7001"):
+        with pytest.raises(ConfigError, match=r"which raft\.address"):
+            load_config(environ={}, overrides={**overrides, "http.address": http_address})

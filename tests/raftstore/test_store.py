@@ -305,6 +305,22 @@ def test_status__the_leader_reports_each_followers_match_index_and_last_contact(
     _run(body, _configs(tmp_path))
 
 
+def test_status__a_former_leader_reports_no_match_index(tmp_path: Path) -> None:
+    # pysyncobj keeps the figures of its time as leader: a follower showed them as current.
+    async def body(stores: list[RaftStore]) -> None:
+        leader = await _leader(stores)
+        await leader.propose(KvPut(key="a", value=b""))
+        await _eventually(
+            lambda: all(m["match_index"] is not None for m in leader.status()["members"])
+        )
+        target = next(store for store in stores if store is not leader)
+        await leader.transfer_leadership(target.config.self_address)
+        await _eventually(lambda: target.is_leader and not leader.is_leader)
+        assert [m["match_index"] for m in leader.status()["members"]] == [None, None]
+
+    _run(body, _configs(tmp_path))
+
+
 def test_transfer_leadership__the_named_member_becomes_leader(tmp_path: Path) -> None:
     async def body(stores: list[RaftStore]) -> None:
         leader = await _leader(stores)
