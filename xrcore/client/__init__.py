@@ -5,7 +5,7 @@
     client.kv        put, get, delete, range, list, watch
     client.sessions  grant, keepalive, revoke, get
     client.locks     acquire, release, get, validate
-    client.jobs      submit, get, list, cancel, events, wait
+    client.jobs      submit, get, list, cancel, events, logs, wait
     client.regions   list, get
     client.tenants   list, set (scheduling: fair-share weight, quotas, price and carbon weights)
     client.cluster   status, members, transfer_leader
