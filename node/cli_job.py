@@ -238,6 +238,14 @@ def job_show(job_id: str) -> int:
         ]
         headers = ["TASK", "STATE", "REGION", "ATTEMPTS", "FAILURES", "PROGRESS", "CHECKPOINT"]
         click.echo(table([*headers, "ERROR"], rows))
+        history = _attempt_rows(found)
+        if history:
+            click.echo("")
+            click.echo(
+                table(
+                    ["TASK", "ATTEMPT", "REGION", "TOKEN", "STARTED", "ENDED", "FROM STEP"], history
+                )
+            )
         reasons = [(task.index, task.reason) for task in found.tasks if task.reason]
         if reasons:
             click.echo("")
@@ -247,6 +255,37 @@ def job_show(job_id: str) -> int:
 
     emit(found, human)
     return 0
+
+
+# Tasks whose attempts `xr job show` lists; `--json` has them all.
+_HISTORY_TASKS_MAX = 16
+
+
+def _attempt_rows(found: Job) -> list[list[Any]]:
+    """Each attempt of the first tasks that had more than one (a failover, a retry, a move):
+    where it ran, with which fencing token, how it ended and the checkpoint step it was given."""
+    moved = [task for task in found.tasks if len(task.attempts) > 1]
+    rows: list[list[Any]] = []
+    for task in moved[:_HISTORY_TASKS_MAX]:
+        for attempt in task.attempts:
+            ended = None
+            if attempt.ended_at_ms is not None:
+                ended = f"{format_time_ms(attempt.ended_at_ms)} {attempt.outcome or ''}".strip()
+            rows.append(
+                [
+                    task.index,
+                    attempt.number,
+                    attempt.region,
+                    attempt.token,
+                    format_time_ms(attempt.started_at_ms),
+                    ended or "running",
+                    attempt.restored_step,
+                ]
+            )
+    if len(moved) > _HISTORY_TASKS_MAX:
+        more = len(moved) - _HISTORY_TASKS_MAX
+        rows.append([f"... {more} more tasks with several attempts (--json)"] + [None] * 6)
+    return rows
 
 
 def _asks(spec: SubmittedSpec) -> list[tuple[str, Any]]:

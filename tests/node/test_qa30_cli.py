@@ -14,13 +14,17 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
 from node.api.auth import Authenticator, load_tokens_file
 from node.cli import main, xr
+from node.cli_common import format_time_ms
+from node.cli_job import _attempt_rows
 from node.config import AuthConfig, ConfigError, load_config
 from tests.client.fake_node import FakeNodes, Reply, refused_url
+from xrcore.client import Job
 
 pytestmark = pytest.mark.integration
 
@@ -210,3 +214,42 @@ def test_up__a_port_something_listens_on_exits_two_naming_it(
     ), error
     assert "choose another --base-port" in error
     assert list(base_dir.iterdir()) == []
+
+
+def _attempt(number: int, region: str, token: int, **more: object) -> dict[str, object]:
+    return {"number": number, "token": token, "region": region, "executor_id": "e", **more}
+
+
+def test_job_show__lists_the_attempts_of_tasks_that_had_several() -> None:
+    # The failover history (which region, which token, how each attempt ended, the step the next
+    # was given) was in --json only, though the quickstart sends readers to `xr job show`.
+    tasks = [
+        {
+            "index": 0,
+            "state": "running",
+            "attempts": [
+                _attempt(
+                    1, "us-east", 5, started_at_ms=2_000, ended_at_ms=9_000, outcome="lease_expired"
+                ),
+                _attempt(2, "eu-west", 9, started_at_ms=9_500, restored_step=30_000),
+            ],
+        },
+        {"index": 1, "state": "running", "attempts": [_attempt(1, "us-east", 6, started_at_ms=1)]},
+    ]
+    job = msgspec.convert(
+        {
+            "job_id": "job-1", "name": "n", "tenant": "t", "state": "running", "priority": 0,
+            "submitted_at_ms": 1_000, "array_size": 2, "tasks": tasks,
+        },
+        Job,
+    )  # fmt: skip
+    rows = _attempt_rows(job)
+    assert [row[:4] + row[5:] for row in rows] == [
+        [0, 1, "us-east", 5, f"{format_time_ms(9_000)} lease_expired", None],
+        [0, 2, "eu-west", 9, "running", 30_000],
+    ]
+    many = msgspec.structs.replace(
+        job, tasks=[msgspec.structs.replace(job.tasks[0], index=n) for n in range(20)]
+    )
+    rows = _attempt_rows(many)
+    assert len(rows) == 16 * 2 + 1 and "4 more tasks" in rows[-1][0]
