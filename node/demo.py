@@ -210,18 +210,19 @@ class _Demo:
             region_settings=_region_settings(),
             config_text=self._config_text(),
         )
-        self.say(f"starting {len(REGIONS)} regions as real processes (data and logs: {base_dir})")
+        kept = "" if self.options.base_dir is not None else ", removed at the end; --dir keeps them"
+        self.say(
+            f"starting {len(REGIONS)} regions as real processes (data and logs: {base_dir}{kept})"
+        )
         try:
             cluster.start(timeout_s=90.0)
             self._story(cluster)
             if self.options.keep:
                 self._keep(cluster)
             else:
-                alive = next(node for node in cluster.nodes if node.running)
                 self.say(
-                    f"dashboard: {alive.url}/ui (any region serves it; run "
-                    "`xr demo --keep` to keep the cluster up and sign in with the admin token "
-                    "it prints)"
+                    "stopping the cluster (`xr demo --keep` keeps it up for the dashboard and "
+                    "the CLI, and prints each tenant's token)"
                 )
         finally:
             cluster.stop()
@@ -447,10 +448,16 @@ class _Demo:
             cluster.wait_ready(nodes=[node], timeout_s=60.0)
             self.say(f"restarted region {node.region} from its data directory")
         self.say("cluster kept running; Ctrl-C stops it")
-        self.console.print(f"  admin token for the dashboard and the CLI: {self.tokens[ADMIN]}")
         for node in cluster.nodes:
             self.console.print(f"  {node.region:<9} {node.url}  dashboard {node.url}/ui")
+        # Each tenant sees its own jobs only, the admin too (its tenant is its own): the
+        # failed-over job is research's.
+        self.console.print("  tokens (made for this run; each tenant sees its own jobs and keys):")
+        for name, token in self.tokens.items():
+            role = "admin" if name == ADMIN else "tenant"
+            self.console.print(f"    {name:<9} {role:<6} {token}")
         self.console.print(f"  export XR_ENDPOINTS={','.join(cluster.urls)}")
+        self.console.print(f"  export XR_TOKEN={self.tokens['research']}   # research's jobs")
         stop = False
 
         def interrupted(signum: int, frame: object) -> None:
