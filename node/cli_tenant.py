@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import click
 
 from node.cli_common import (
@@ -16,11 +19,23 @@ from node.cli_common import (
 
 __all__ = ["tenant"]
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+# A tenant's shares of the replicated tables, as `xr tenant list` names them.
+_TABLE_QUOTAS = {
+    "keys_max": "keys",
+    "sessions_max": "sessions",
+    "clients_max": "clients",
+    "jobs_max": "jobs",
+    "unfinished_tasks_max": "unfinished tasks",
+}
+
 
 @click.group()
 def tenant() -> None:
-    """Tenants' scheduling settings: fair-share weight, GPU and task quotas, and how much price
-    and carbon weigh against completion time when the scheduler picks a region."""
+    """Tenants' settings: fair-share weight, GPU and task quotas, how much price and carbon
+    weigh against completion time when the scheduler picks a region, and each tenant's shares
+    of the cluster's tables (keys, sessions, client records, jobs, unfinished tasks)."""
 
 
 @tenant.command("list")
@@ -42,14 +57,30 @@ def tenant_list() -> int:
                 item.tasks_max,
                 item.cost_weight,
                 item.carbon_weight,
+                ", ".join(
+                    f"{label} {getattr(item, field)}"
+                    for field, label in _TABLE_QUOTAS.items()
+                    if getattr(item, field) is not None
+                )
+                or None,
             ]
             for item in items
         ]
         headers = ["TENANT", "WEIGHT", "GPUS MAX", "TASKS MAX", "COST WEIGHT", "CARBON WEIGHT"]
+        headers.append("TABLE QUOTAS")
         click.echo(table(headers, rows))
 
     emit({"items": to_document(items)}, human)
     return 0
+
+
+def _quota_option(flag: str, help_text: str) -> Callable[[F], F]:
+    return click.option(
+        flag,
+        type=click.IntRange(min=0),
+        default=None,
+        help=f"{help_text} (default: no quota of its own)",
+    )
 
 
 @tenant.command("set")
@@ -87,6 +118,17 @@ def tenant_list() -> int:
     show_default=True,
     help="How much carbon counts against completion time.",
 )
+@_quota_option("--keys-max", "Most keys in the tenant's namespace.")
+@_quota_option("--sessions-max", "Most sessions the tenant owns at once.")
+@_quota_option(
+    "--clients-max", "Most client records of the tenant's writes (idle ones go after an hour)."
+)
+@_quota_option(
+    "--jobs-max",
+    "Most of the tenant's jobs kept, finished ones included (at it, a submission evicts the "
+    "tenant's own oldest finished job).",
+)
+@_quota_option("--unfinished-tasks-max", "Most of the tenant's tasks not yet finished.")
 @client_options
 def tenant_set(
     name: str,
@@ -95,9 +137,11 @@ def tenant_set(
     tasks_max: int | None,
     cost_weight: float,
     carbon_weight: float,
+    **quotas: int | None,
 ) -> int:
-    """Set all of a tenant's scheduling settings (admins only); options left out take their
-    defaults."""
+    """Set all of a tenant's settings (admins only); options left out take their defaults. The
+    *-max options after the weights are the tenant's shares of the cluster's tables, which
+    otherwise one tenant can fill for all (docs/authorization.md, "Tenants' shares")."""
     with connect() as client:
         created = client.tenants.set(
             name,
@@ -106,6 +150,7 @@ def tenant_set(
             tasks_max=tasks_max,
             cost_weight=cost_weight,
             carbon_weight=carbon_weight,
+            **quotas,
         )
     emit(
         {"name": name, "created": created},

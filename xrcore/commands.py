@@ -457,8 +457,14 @@ def _check_weight(field: str, value: float | None) -> None:
         raise InvalidArgument(f"{field} must be between 0 and 1000, got {value!r}")
 
 
-class TenantSet(Command, frozen=True, tag="tenant.set"):
-    """A tenant's fair-share weight, quotas and how much it cares about price and carbon."""
+# A tenant's shares of the replicated tables (`TenantSet`, `xrcore.tenants`).
+TABLE_QUOTAS = ("keys_max", "sessions_max", "clients_max", "jobs_max", "unfinished_tasks_max")
+
+
+class TenantSet(Command, frozen=True, tag="tenant.set", omit_defaults=True):
+    """A tenant's fair-share weight, quotas, how much it cares about price and carbon, and its
+    shares of the replicated tables (`xrcore.tenants`). Written without the fields left at their
+    defaults: a node of an earlier version cannot read an entry that sets a table quota."""
 
     name: str
     weight: float = 1.0
@@ -466,6 +472,11 @@ class TenantSet(Command, frozen=True, tag="tenant.set"):
     tasks_max: int | None = None
     cost_weight: float = 1.0
     carbon_weight: float = 1.0
+    keys_max: int | None = None
+    sessions_max: int | None = None
+    clients_max: int | None = None
+    jobs_max: int | None = None
+    unfinished_tasks_max: int | None = None
 
     def validate(self) -> None:
         check_name("name", self.name)
@@ -481,6 +492,10 @@ class TenantSet(Command, frozen=True, tag="tenant.set"):
             check_range("gpus_max", self.gpus_max, 0, 1 << 20)
         if self.tasks_max is not None:
             check_range("tasks_max", self.tasks_max, 0, 1 << 20)
+        for field in TABLE_QUOTAS:
+            value = getattr(self, field)
+            if value is not None:
+                check_range(field, value, 0, 1 << 30)
 
 
 class TaskClaim(Command, frozen=True, tag="task.claim"):

@@ -15,6 +15,7 @@ import json
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from xrcore import tenants
 from xrcore._validate import check_page_limit
 from xrcore.commands import (
     JobCancel,
@@ -168,8 +169,9 @@ def submit(machine: StateMachine, command: JobSubmit, index: int) -> dict[str, A
             f"{machine.tasks_active} tasks are active; {spec.array_size} more would pass the "
             f"maximum of {limits.tasks_active_max}"
         )
-    evict = None
-    if len(machine.jobs) >= limits.jobs_max:
+    # A tenant at its own jobs quota makes room from its own finished jobs, never another's.
+    evict = tenants.jobs_to_evict(machine, spec.tenant, spec.array_size)
+    if evict is None and len(machine.jobs) >= limits.jobs_max:
         evict = next((job_id for job_id, job in machine.jobs.items() if _finished(job)), None)
         if evict is None:
             raise CapacityExceeded(f"the maximum of {limits.jobs_max} unfinished jobs is reached")

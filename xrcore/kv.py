@@ -12,6 +12,7 @@ from bisect import bisect_left, bisect_right
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from xrcore import tenants
 from xrcore._validate import check_page_limit
 from xrcore.commands import KvDelete, KvPut
 from xrcore.errors import CapacityExceeded, Compacted, CompareFailed, InvalidArgument, NotFound
@@ -54,6 +55,8 @@ def put(machine: StateMachine, command: KvPut, index: int) -> dict[str, Any]:
             )
     if record is None and len(machine.keys) >= machine.limits.keys_max:
         raise CapacityExceeded(f"the store holds its maximum of {machine.limits.keys_max} keys")
+    if record is None:
+        tenants.check_keys(machine, key)
 
     machine.revision += 1
     revision = machine.revision

@@ -172,8 +172,11 @@ class Region(msgspec.Struct, kw_only=True):
     heartbeat_lease_ms: int | None = None  # lease clock, for health
 
 
-class Tenant(msgspec.Struct, kw_only=True):
-    """Scheduling settings of one tenant: fair-share weight, quotas, price and carbon weights."""
+class Tenant(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Settings of one tenant: fair-share weight, scheduling quotas, price and carbon weights,
+    and its shares of the replicated tables (None: no quota of its own). Written without the
+    fields left at their defaults, so a node of an earlier version reads a record that sets no
+    table quota."""
 
     name: str
     weight: float = 1.0
@@ -181,6 +184,13 @@ class Tenant(msgspec.Struct, kw_only=True):
     tasks_max: int | None = None
     cost_weight: float = 1.0
     carbon_weight: float = 1.0
+    # Keys in its namespace, sessions it owns, client records of its writes, its jobs in the
+    # table (finished ones included), and its tasks not yet finished.
+    keys_max: int | None = None
+    sessions_max: int | None = None
+    clients_max: int | None = None
+    jobs_max: int | None = None
+    unfinished_tasks_max: int | None = None
 
 
 class DurationStats(msgspec.Struct, kw_only=True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from xrcore import kv, locks
+from xrcore import kv, locks, tenants
 from xrcore.commands import SessionGrant, SessionKeepAlive, SessionRevoke
 from xrcore.errors import CapacityExceeded, NotFound
 from xrcore.model import Effect, Session
@@ -42,6 +42,7 @@ def _view(machine: StateMachine, session: Session) -> dict[str, Any]:
 def grant(machine: StateMachine, command: SessionGrant, index: int) -> dict[str, Any]:
     if len(machine.sessions) >= machine.limits.sessions_max:
         raise CapacityExceeded(f"the maximum of {machine.limits.sessions_max} sessions is reached")
+    tenants.check_sessions(machine, command.owner)
     session_id = f"s{index}"
     session = Session(
         session_id=session_id,

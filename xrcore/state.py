@@ -210,6 +210,7 @@ class StateMachine:
                     f"the table of clients is full ({self.limits.clients_max}); "
                     "retry later or reuse a client id"
                 )
+            tenants.check_clients(self, client_id)
             record = ClientRecord(last_seen_ms=self.lease_clock_ms)
         record.last_seen_ms = self.lease_clock_ms
         self.clients[client_id] = record  # most recently used last

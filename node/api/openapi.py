@@ -30,7 +30,7 @@ from node.api.wire import MSGPACK, respond
 from xrcore import kv, limits
 from xrcore._validate import NAME_BYTES_MAX, NAME_PATTERN
 from xrcore.codec import SEQ_MAX
-from xrcore.commands import ENTRYPOINT_PATTERN, JobSpec
+from xrcore.commands import ENTRYPOINT_PATTERN, TABLE_QUOTAS, JobSpec
 from xrcore.model import TaskState
 
 __all__ = ["OPERATIONS", "Operation", "document", "parameter_table", "routes"]
@@ -218,6 +218,15 @@ _TENANT_SETTINGS: dict[str, Any] = {
     "tasks_max": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 20},
     "cost_weight": {**NUMBER, "minimum": 0, "maximum": 1000},
     "carbon_weight": {**NUMBER, "minimum": 0, "maximum": 1000},
+    **{
+        name: {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "maximum": 1 << 30,
+            "description": "The tenant's share of a replicated table (xrcore.tenants); null: none.",
+        }
+        for name in TABLE_QUOTAS
+    },
 }
 
 _REGION = {

@@ -1,4 +1,5 @@
-"""Tenants' scheduling settings: fair-share weight, GPU and task quotas, price and carbon weights.
+"""Tenants' settings: fair-share weight, GPU and task quotas, price and carbon weights, and
+shares of the replicated tables (keys, sessions, client records, jobs, unfinished tasks).
 
 Anyone who may read the cluster may list them, but a caller without `read_tenants` (the `tenant`
 role) sees only its own tenant's record: the names of the other tenants are theirs. Only admins
@@ -13,13 +14,15 @@ from node.api.app import principal, read, write
 from node.api.auth import Permission
 from node.api.wire import field, read_body, reject_unknown, respond
 from xrcore import tenants
-from xrcore.commands import TenantSet
+from xrcore.commands import TABLE_QUOTAS, TenantSet
 
 __all__ = ["routes"]
 
 routes = web.RouteTableDef()
 
-_FIELDS = frozenset({"weight", "gpus_max", "tasks_max", "cost_weight", "carbon_weight"})
+_FIELDS = frozenset(
+    {"weight", "gpus_max", "tasks_max", "cost_weight", "carbon_weight", *TABLE_QUOTAS}
+)
 
 
 @routes.get("/v1/tenants")
@@ -44,5 +47,6 @@ async def set_tenant(request: web.Request) -> web.Response:
         tasks_max=field(body, "tasks_max", int, default=None, nullable=True),
         cost_weight=field(body, "cost_weight", float, default=1.0),
         carbon_weight=field(body, "carbon_weight", float, default=1.0),
+        **{name: field(body, name, int, default=None, nullable=True) for name in TABLE_QUOTAS},
     )
     return respond(request, await write(request, command))

@@ -31,9 +31,31 @@ def test_an_admin_sets_a_tenant_an_operator_lists_it_and_a_tenant_sees_only_its_
         "tasks_max": None,
         "cost_weight": 1.0,
         "carbon_weight": 1.0,
+        "keys_max": None,
+        "sessions_max": None,
+        "clients_max": None,
+        "jobs_max": None,
+        "unfinished_tasks_max": None,
     }
     again = api.ok("PUT", "/v1/tenants/research", token="admin", json={"tasks_max": 3})
     assert again["created"] is False
+
+
+def test_a_tenant_at_its_keys_quota_is_refused_with_429_and_others_are_not(api: ApiNode) -> None:
+    # The tables' capacities are the cluster's: one tenant filled them for all (session 30).
+    api.ok("PUT", "/v1/tenants/beta", token="admin", json={"keys_max": 0, "sessions_max": 0})
+    try:
+        listed = api.ok("GET", "/v1/tenants", token="beta")["items"]
+        assert (listed[0]["keys_max"], listed[0]["sessions_max"]) == (0, 0)
+        refused = api.request("PUT", "/v1/kv/quota/a", token="beta", json={"value": "x"})
+        assert (refused.status, refused.error_code) == (429, "limit.capacity")
+        assert "tenant 'beta' holds its quota of 0 keys" in refused.document["error"]["message"]
+        session = api.request("POST", "/v1/sessions", token="beta", json={"ttl_ms": 60_000})
+        assert (session.status, session.error_code) == (429, "limit.capacity")
+        api.ok("PUT", "/v1/kv/quota/a", token="alpha", json={"value": "x"})
+    finally:
+        api.ok("PUT", "/v1/tenants/beta", token="admin", json={})
+    api.ok("PUT", "/v1/kv/quota/a", token="beta", json={"value": "x"})
 
 
 def test_a_tenant_may_not_set_tenants(api: ApiNode) -> None:
@@ -43,7 +65,15 @@ def test_a_tenant_may_not_set_tenants(api: ApiNode) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [{"weight": 0}, {"weight": -1}, {"gpus_max": -1}, {"cost_weight": "high"}, {"nope": 1}],
+    [
+        {"weight": 0},
+        {"weight": -1},
+        {"gpus_max": -1},
+        {"cost_weight": "high"},
+        {"nope": 1},
+        {"keys_max": -1},
+        {"jobs_max": "many"},
+    ],
 )
 def test_bad_tenant_settings_are_refused_naming_the_field(
     api: ApiNode, body: dict[str, object]

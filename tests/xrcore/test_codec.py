@@ -84,7 +84,8 @@ from xrcore.model import Snapshot
 
 GOLDEN_PATH = Path(__file__).parent / "fixtures" / "golden_envelopes.json"
 # The bytes of the examples whose encoding changed when fields at their defaults were left out
-# (JobSpec and Preemption): written by earlier versions, still in logs and snapshots.
+# (JobSpec and Preemption; TenantSet in session 30): written by earlier versions, still in
+# logs and snapshots.
 GOLDEN_WITH_DEFAULTS_PATH = (
     Path(__file__).parent / "fixtures" / "golden_envelopes_with_defaults.json"
 )
@@ -224,6 +225,9 @@ EXAMPLES: dict[str, Envelope] = {
     "tenant.set": _envelope(
         TenantSet(name="acme", weight=2.0, gpus_max=16, cost_weight=0.5, carbon_weight=2.0)
     ),
+    "tenant.set.quotas": _envelope(
+        TenantSet(name="acme", keys_max=1_000, sessions_max=10, jobs_max=100, clients_max=50)
+    ),
     "task.claim": _envelope(
         TaskClaim(
             job_id=JOB_ID,
@@ -361,6 +365,9 @@ def test_fields_left_at_their_defaults_are_not_on_the_wire() -> None:
     assert (weighted["cost_weight"], weighted["carbon_weight"]) == (0.0, 2.5)
     preempts = _unpack(encode(EXAMPLES["schedule.pass"]))["command"]["preempts"]
     assert all("moving_to" not in item for item in preempts)
+    # Nor a tenant.set that sets no table quota (session 30).
+    tenant = _unpack(encode(EXAMPLES["tenant.set"]))["command"]
+    assert sorted(tenant) == ["carbon_weight", "cost_weight", "gpus_max", "name", "type", "weight"]
     assert preempts[0] == {"job_id": JOB_ID, "task_index": 2, "token": 9, "reason": "priority"}
     moving = _unpack(encode(EXAMPLES["schedule.pass.move_up"]))["command"]["preempts"]
     assert all("moving_to" in item for item in moving)

@@ -581,9 +581,29 @@ class AsyncTenants:
         tasks_max: int | None = None,
         cost_weight: float = 1.0,
         carbon_weight: float = 1.0,
+        keys_max: int | None = None,
+        sessions_max: int | None = None,
+        clients_max: int | None = None,
+        jobs_max: int | None = None,
+        unfinished_tasks_max: int | None = None,
     ) -> bool:
-        """Sets all of a tenant's settings (admins only); True when the tenant was new."""
+        """Sets all of a tenant's settings (admins only); True when the tenant was new. The
+        `*_max` after the weights are the tenant's shares of the replicated tables: keys in its
+        namespace, sessions, client records of its writes, its jobs kept (finished ones
+        included; at the quota a submission evicts its own oldest finished job), its unfinished
+        tasks. None: no quota of its own."""
         path = f"/v1/tenants/{_segment('name', name)}"
+        quotas = {
+            "keys_max": keys_max,
+            "sessions_max": sessions_max,
+            "clients_max": clients_max,
+            "jobs_max": jobs_max,
+            "unfinished_tasks_max": unfinished_tasks_max,
+        }
+        quotas = {
+            field: None if value is None else check_int(field, value, 0)
+            for field, value in quotas.items()
+        }
         # The command the cluster would build, so its checks run here first.
         TenantSet(
             name=name,
@@ -592,19 +612,18 @@ class AsyncTenants:
             tasks_max=None if tasks_max is None else check_int("tasks_max", tasks_max, 0),
             cost_weight=check_number("cost_weight", cost_weight),
             carbon_weight=check_number("carbon_weight", carbon_weight),
+            **quotas,
         )
-        document = await self._transport.call(
-            "PUT",
-            path,
-            body={
-                "weight": weight,
-                "gpus_max": gpus_max,
-                "tasks_max": tasks_max,
-                "cost_weight": cost_weight,
-                "carbon_weight": carbon_weight,
-            },
-            write=True,
-        )
+        body: dict[str, Any] = {
+            "weight": weight,
+            "gpus_max": gpus_max,
+            "tasks_max": tasks_max,
+            "cost_weight": cost_weight,
+            "carbon_weight": carbon_weight,
+        }
+        # Only the quotas set: a node of an earlier version refuses fields it does not know.
+        body.update({field: value for field, value in quotas.items() if value is not None})
+        document = await self._transport.call("PUT", path, body=body, write=True)
         return field(document, "created", bool)
 
 

@@ -400,7 +400,7 @@ class RegionGpu(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Tenant(msgspec.Struct, frozen=True, kw_only=True):
-    """A tenant's scheduling settings."""
+    """A tenant's settings: scheduling, and its shares of the replicated tables (None: none)."""
 
     name: str
     weight: float = 1.0
@@ -408,6 +408,11 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True):
     tasks_max: int | None = None
     cost_weight: float = 1.0
     carbon_weight: float = 1.0
+    keys_max: int | None = None
+    sessions_max: int | None = None
+    clients_max: int | None = None
+    jobs_max: int | None = None
+    unfinished_tasks_max: int | None = None
 
 
 class Region(msgspec.Struct, frozen=True, kw_only=True):

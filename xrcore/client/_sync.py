@@ -456,6 +456,11 @@ class Tenants:
         tasks_max: int | None = None,
         cost_weight: float = 1.0,
         carbon_weight: float = 1.0,
+        keys_max: int | None = None,
+        sessions_max: int | None = None,
+        clients_max: int | None = None,
+        jobs_max: int | None = None,
+        unfinished_tasks_max: int | None = None,
     ) -> bool:
         return self._loop.run(
             self._tenants.set(
@@ -465,6 +470,11 @@ class Tenants:
                 tasks_max=tasks_max,
                 cost_weight=cost_weight,
                 carbon_weight=carbon_weight,
+                keys_max=keys_max,
+                sessions_max=sessions_max,
+                clients_max=clients_max,
+                jobs_max=jobs_max,
+                unfinished_tasks_max=unfinished_tasks_max,
             )
         )
 
