@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.client.fake_node import FakeNodes
 
 # ci: derandomized so a CI failure replays exactly; dev: the default; nightly: many more examples.
 settings.register_profile(
@@ -42,3 +45,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture
+def fakes() -> Iterator[FakeNodes]:
+    """Fake nodes for one test, stopped after it (`tests/client/fake_node.py`): the client's
+    tests and the CLI's."""
+    nodes = FakeNodes()
+    try:
+        yield nodes
+    finally:
+        nodes.close()

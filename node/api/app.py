@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 
@@ -210,57 +210,61 @@ async def read(request: web.Request, query: Callable[[StateMachine], T]) -> Read
 async def waiting_slot(request: web.Request) -> AsyncIterator[None]:
     """A place among the requests allowed to wait (lock waits, long polls); 429 beyond the
     node's bound or the caller's tenant's share of it."""
-    node = services(request)
-    http = node.config.http
-    tenant = _share_holder(request, node)
-    if node.waiting >= http.waiting_requests_max:
-        raise CapacityExceeded(
-            f"{http.waiting_requests_max} requests are already waiting on this node; retry later"
-        )
-    if (
-        tenant is not None
-        and node.waiting_by_tenant[tenant] >= http.waiting_requests_per_tenant_max
+    http = services(request).config.http
+    with _place(
+        request,
+        "waiting",
+        http.waiting_requests_max,
+        http.waiting_requests_per_tenant_max,
+        ("requests", "are already waiting", "http.waiting_requests_per_tenant_max"),
     ):
-        raise CapacityExceeded(
-            f"{http.waiting_requests_per_tenant_max} requests of tenant {tenant!r} are already "
-            "waiting on this node (http.waiting_requests_per_tenant_max); retry later"
-        )
-    node.waiting += 1
-    if tenant is not None:
-        node.waiting_by_tenant[tenant] += 1
-    try:
         yield
-    finally:
-        node.waiting -= 1
-        if tenant is not None:
-            _release(node.waiting_by_tenant, tenant)
+
+
+def stream_slot(request: web.Request) -> contextlib.AbstractContextManager[None]:
+    """A place among the open event streams; 429 beyond the node's bound or the caller's
+    tenant's share of it."""
+    http = services(request).config.http
+    return _place(
+        request,
+        "streams",
+        http.streams_max,
+        http.streams_per_tenant_max,
+        ("event streams", "are open", "http.streams_per_tenant_max"),
+    )
 
 
 @contextlib.contextmanager
-def stream_slot(request: web.Request) -> Iterator[None]:
-    """A place among the open event streams; 429 beyond the node's bound or the caller's
-    tenant's share of it."""
+def _place(
+    request: web.Request,
+    kind: Literal["waiting", "streams"],
+    limit: int,
+    share: int,
+    words: tuple[str, str, str],
+) -> Iterator[None]:
+    """One of the node's `limit` places of a kind (`Services.waiting`, `Services.streams`), at
+    most `share` of them the caller's tenant's."""
     node = services(request)
-    http = node.config.http
+    by_tenant = node.waiting_by_tenant if kind == "waiting" else node.streams_by_tenant
     tenant = _share_holder(request, node)
-    if node.streams >= http.streams_max:
+    things, are, setting = words
+    if getattr(node, kind) >= limit:
+        raise CapacityExceeded(f"{limit} {things} {are} on this node; retry later")
+    if tenant is not None and by_tenant[tenant] >= share:
         raise CapacityExceeded(
-            f"{http.streams_max} event streams are open on this node; retry later"
+            f"{share} {things} of tenant {tenant!r} {are} on this node ({setting}); retry later"
         )
-    if tenant is not None and node.streams_by_tenant[tenant] >= http.streams_per_tenant_max:
-        raise CapacityExceeded(
-            f"{http.streams_per_tenant_max} event streams of tenant {tenant!r} are open on this "
-            "node (http.streams_per_tenant_max); retry later"
-        )
-    node.streams += 1
+    setattr(node, kind, getattr(node, kind) + 1)
     if tenant is not None:
-        node.streams_by_tenant[tenant] += 1
+        by_tenant[tenant] += 1
     try:
         yield
     finally:
-        node.streams -= 1
+        setattr(node, kind, getattr(node, kind) - 1)
         if tenant is not None:
-            _release(node.streams_by_tenant, tenant)
+            by_tenant[tenant] -= 1
+            if by_tenant[tenant] <= 0:
+                del by_tenant[tenant]
 
 
 def _share_holder(request: web.Request, node: Services) -> str | None:
@@ -270,12 +274,6 @@ def _share_holder(request: web.Request, node: Services) -> str | None:
     if not node.auth.enabled or not isinstance(caller, Principal):
         return None
     return caller.tenant
-
-
-def _release(counts: collections.Counter[str], tenant: str) -> None:
-    counts[tenant] -= 1
-    if counts[tenant] <= 0:
-        del counts[tenant]
 
 
 def wait_s(request: web.Request, requested_s: float) -> float:

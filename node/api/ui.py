@@ -33,7 +33,7 @@ from aiohttp import web
 
 from node.api.app import principal, read, services, still_authorized, stream_slot
 from node.api.auth import Permission, Principal
-from node.api.wire import respond, write_to_stream
+from node.api.wire import open_event_stream, respond, write_to_stream
 from xrcore import StateMachine, regions
 from xrcore.model import Job, Task, TaskState
 
@@ -322,14 +322,7 @@ def _event(name: str, data: Any) -> bytes:
 async def events(request: web.Request) -> web.StreamResponse:
     caller = _caller(request)
     with stream_slot(request):
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-            }
-        )
-        await response.prepare(request)
+        response = await open_event_stream(request)
         await _send_snapshots(request, response, caller)
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()

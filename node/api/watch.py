@@ -30,7 +30,7 @@ from node.api.app import (
 )
 from node.api.auth import Principal
 from node.api.kv import key_view
-from node.api.wire import query_int, query_text, respond, write_to_stream
+from node.api.wire import open_event_stream, query_int, query_text, respond, write_to_stream
 from xrcore import StateMachine, kv
 from xrcore.errors import InvalidArgument, Unauthenticated, XrError
 from xrcore.limits import PAGE_BYTES_MAX
@@ -191,14 +191,7 @@ async def _follow(
     node: Services,
     first: tuple[list[dict[str, Any]], int, int],
 ) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    await response.prepare(request)
+    response = await open_event_stream(request)
     events, next_revision, _ = first
     store = node.store
     loop = asyncio.get_running_loop()

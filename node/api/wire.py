@@ -25,6 +25,7 @@ __all__ = [
     "STREAM_WRITE_TIMEOUT_S",
     "bytes_fields",
     "field",
+    "open_event_stream",
     "query_bool",
     "query_float",
     "query_int",
@@ -68,6 +69,19 @@ def respond(request: web.Request, document: Any, *, status: int = 200) -> web.Re
     return web.Response(
         body=_json_encoder.encode(document) + b"\n", status=status, content_type="application/json"
     )
+
+
+async def open_event_stream(request: web.Request) -> web.StreamResponse:
+    """A Server-Sent Events answer, its headers sent (no caching, no proxy buffering)."""
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await response.prepare(request)
+    return response
 
 
 async def write_to_stream(request: web.Request, response: web.StreamResponse, data: bytes) -> None:

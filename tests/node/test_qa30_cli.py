@@ -11,7 +11,6 @@ each `xr up` case must exit before any node starts.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -29,16 +28,6 @@ from xrcore.client import Job
 pytestmark = pytest.mark.integration
 
 _HINT = "set XR_ENDPOINTS or --endpoints (xr up prints them)"
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeNodes]:
-    """Fake nodes for one test, stopped after it (`tests/client/fake_node.py`)."""
-    nodes = FakeNodes()
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 @pytest.fixture
