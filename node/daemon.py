@@ -35,6 +35,7 @@ from node.data_dir import DataDirLock
 from node.executor.executor import Executor
 from node.executor.inventory import detect as detect_inventory
 from node.executor.inventory import to_gpus
+from node.localcluster import STOP_WITH_PARENT_VARIABLE
 from node.tls import client_context, server_context
 from raftstore.faults import NO_FAULTS, Faults, FaultsRefused
 from raftstore.replica import snapshot_members
@@ -365,13 +366,31 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signal_number, stop.set)
+    parent_watch = None
+    if os.environ.get(STOP_WITH_PARENT_VARIABLE) == "1":
+        parent_watch = asyncio.create_task(_stop_with_parent(os.getppid(), stop))
     print(
         f"xr node {config.region.name} ready at {config.http_scheme}://{config.http.address}",
         flush=True,
     )
     await stop.wait()
+    if parent_watch is not None:
+        parent_watch.cancel()
     log.info("stopping region %s", config.region.name)
     await node.stop()
+
+
+# `xr up` and the demo set STOP_WITH_PARENT_VARIABLE for the nodes they start: each stops (as on
+# SIGTERM) once its starter is gone, even killed with SIGKILL, which left them serving for ever
+# (their process groups are their own).
+_PARENT_CHECK_S = 1.0
+
+
+async def _stop_with_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(_PARENT_CHECK_S)
+    log.warning("the process that started this node (pid %d) is gone: stopping", parent_pid)
+    stop.set()
 
 
 def run(config: NodeConfig) -> int:

@@ -209,6 +209,7 @@ class _Demo:
             settings={**_cluster_settings(quick), "raft.cluster_secret_file": str(secret)},
             region_settings=_region_settings(),
             config_text=self._config_text(),
+            stop_with_parent=True,
         )
         kept = "" if self.options.base_dir is not None else ", removed at the end; --dir keeps them"
         self.say(

@@ -26,8 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Set in a node's environment: it stops once the process that started it is gone
+# (`node.daemon`).
+STOP_WITH_PARENT_VARIABLE = "XR_STOP_WITH_PARENT"
+
 __all__ = [
     "SECRET_FILE",
+    "STOP_WITH_PARENT_VARIABLE",
     "LocalCluster",
     "LocalNode",
     "check_port_free",
@@ -103,6 +108,8 @@ class LocalNode:
     # The checkout whose packages the node runs (None: this one). A benchmark points it at a copy
     # of another revision to measure both in one run.
     code_root: Path | None = None
+    # The node stops once the process that started it is gone (`xr up`, the demo).
+    stop_with_parent: bool = False
 
     @property
     def raft_address(self) -> str:
@@ -159,6 +166,8 @@ class LocalNode:
         environment["PYTHONPATH"] = os.pathsep.join(
             filter(None, [root, environment.get("PYTHONPATH")])
         )
+        if self.stop_with_parent:
+            environment[STOP_WITH_PARENT_VARIABLE] = "1"
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
                 self.command(),
@@ -249,9 +258,11 @@ class LocalCluster:
         http_ports: list[int] | None = None,
         config_text: str | None = None,
         code_root: Path | None = None,
+        stop_with_parent: bool = False,
     ) -> None:
         """`config_text` is TOML every node reads before its flags (auth tokens, for one);
-        `code_root` is the checkout the nodes run (default: this one)."""
+        `code_root` is the checkout the nodes run (default: this one); `stop_with_parent`: each
+        node stops once this process is gone, however it ended."""
         names = region_names or [f"r{position}" for position in range(size)]
         ports = free_ports(2 * len(names))
         raft_ports = raft_ports or ports[: len(names)]
@@ -283,6 +294,7 @@ class LocalCluster:
                     settings=node_settings,
                     config_path=config_path,
                     code_root=code_root,
+                    stop_with_parent=stop_with_parent,
                 )
             )
 

@@ -392,6 +392,7 @@ def run_up(options: UpOptions, *, echo: Echo, warn: Echo) -> int:
             settings=settings,
             http_ports=http_ports,
             raft_ports=raft_ports,
+            stop_with_parent=True,
         )
         base_dir.mkdir(parents=True, exist_ok=True)
         _write_state(cluster, names)

@@ -745,6 +745,28 @@ def test_up__exits_one_when_every_region_has_exited(tmp_path: Path) -> None:
     assert "xr up: every region has exited" in running.error_lines, running.output()
 
 
+def test_up__killed_with_sigkill__its_nodes_stop_by_themselves(tmp_path: Path) -> None:
+    # They are in process groups of their own (Ctrl-C in a shell reaches `xr up` alone, which
+    # stops them in order), so `kill -9` of `xr up` left them serving for ever.
+    base_dir = tmp_path / "cluster"
+    running = UpProcess(base_dir, "--regions", "2")
+    try:
+        assert running.printed_endpoints.wait(UP_READY_S), running.output()
+        assert len(_processes_under(base_dir)) >= 2  # the nodes, and `xr up --dir` itself
+        running.process.kill()
+        running.process.wait(PROCESS_EXIT_S)
+        deadline_s = time.monotonic() + PROCESS_EXIT_S
+        while _processes_under(base_dir) and time.monotonic() < deadline_s:
+            time.sleep(0.2)
+        assert _processes_under(base_dir) == []
+        log = (base_dir / "r0.log").read_text()
+        assert "is gone: stopping" in log, log[-2000:]
+    finally:
+        running.kill()
+        # Without the fix the nodes outlive the test.
+        subprocess.run(["pkill", "-KILL", "-f", str(base_dir)], check=False)
+
+
 def test_up__prints_a_row_and_an_endpoint_per_region(up: UpProcess) -> None:
     assert len(up.pids) == 3
     assert len(up.endpoints.split(",")) == 3
