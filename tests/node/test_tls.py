@@ -197,6 +197,9 @@ def test_client_tls_context__names_the_file_that_does_not_load(
     other_key = certificates.certificates["r0"][1]
     with pytest.raises(ValueError, match=r"not a PEM certificate and its unencrypted key"):
         tls_context(cert_file=str(cert_path), key_file=str(other_key))
+    # A certificate alone, its key elsewhere: the message says to give key_file.
+    with pytest.raises(ValueError, match=r"a key in a file of its own is given as key_file"):
+        tls_context(cert_file=str(cert_path))
     context = tls_context(
         ca_file=str(certificates.ca_cert), cert_file=str(cert_path), key_file=str(key_path)
     )
@@ -407,19 +410,44 @@ def test_mutual_tls__a_client_without_a_certificate__is_told_it_may_need_one(
     # most likely is. With a certificate, the same endpoint answers (the test above).
     urls = [_https_url(node) for node in tls_cluster.nodes]
     with (
-        Client(urls, ca_file=str(certificates.ca_cert), timeout_s=2.0) as client,
+        Client(urls, ca_file=str(certificates.ca_cert), timeout_s=5.0) as client,
         pytest.raises(ClusterUnavailable) as raised,
     ):
         client.health()
     assert "requires client certificates" in str(raised.value), raised.value
     # The same through failover over every endpoint, for a call that retries.
     with (
-        Client(urls, ca_file=str(certificates.ca_cert), timeout_s=2.0) as client,
+        Client(urls, ca_file=str(certificates.ca_cert), timeout_s=5.0) as client,
         pytest.raises(ClusterUnavailable) as raised,
     ):
         client.regions.list()
     assert "requires client certificates" in str(raised.value), raised.value
     assert "cert_file and key_file" in str(raised.value)
+
+
+@pytest.mark.integration
+def test_client__nodes_whose_certificate_it_cannot_verify__end_the_call_at_once(
+    tls_cluster: LocalCluster, certificates: CertificateFiles, stranger: CertificateFiles
+) -> None:
+    # Retrying cannot make an untrusted certificate trusted: the call used to try until its
+    # deadline and then report the nodes as unavailable. The message, not a timing, tells the
+    # two apart: a call that ran to its deadline says "within 30 s".
+    urls = [_https_url(node) for node in tls_cluster.nodes]
+    cert_path, key_path = certificates.certificates["alice"]
+    with (
+        Client(
+            urls,
+            ca_file=str(stranger.ca_cert),
+            cert_file=str(cert_path),
+            key_file=str(key_path),
+            timeout_s=30.0,
+        ) as client,
+        pytest.raises(ClusterUnavailable) as raised,
+    ):
+        client.regions.list()
+    message = str(raised.value)
+    assert "no endpoint's certificate could be verified" in message, message
+    assert "--ca-file" in message and "within 30 s" not in message
 
 
 @pytest.mark.integration

@@ -220,6 +220,12 @@ def tls_context(
             # An empty passphrase rather than none: OpenSSL would prompt on the terminal.
             context.load_cert_chain(cert_file, key_file, password="")
         except ssl.SSLError as error:
+            if key_file is None:
+                raise ValueError(
+                    f"cert_file {cert_file!r}: not a PEM certificate followed by its unencrypted "
+                    f"key ({error.reason or error}); a key in a file of its own is given as "
+                    "key_file (--key-file)"
+                ) from None
             raise ValueError(
                 f"cert_file {cert_file!r} and key_file {key_file!r}: not a PEM certificate and "
                 f"its unencrypted key ({error.reason or error})"
@@ -497,6 +503,9 @@ class Transport:
         # A long poll waits on a node that took its request: while no node has (each refused
         # the connection, or none could be reached), the call has its own timeout alone.
         reached = False
+        # Endpoints whose certificate this client does not trust: no retry changes that, so
+        # once every endpoint is among them the call ends at once instead of at its deadline.
+        untrusted: set[int] = set()
         while True:
             now_s = loop.time()
             give_up_s = deadline_s if reached else min(deadline_s, started_s + own_timeout_s)
@@ -531,6 +540,17 @@ class Transport:
                     ),
                     timeout_s=try_timeout_s,
                 )
+            except aiohttp.ClientConnectorCertificateError as error:
+                # The node's certificate failed verification: the request was never sent.
+                last_problem = f"{self.endpoints[endpoint_index]}: {error}"
+                last_without_quorum = False
+                untrusted.add(endpoint_index)
+                if not reached and len(untrusted) == len(self.endpoints):
+                    raise ClusterUnavailable(
+                        f"{method} {path}: no endpoint's certificate could be verified, so "
+                        f"nothing was sent (give the CA that signed the nodes' certificates: "
+                        f"ca_file, --ca-file; last: {last_problem})"
+                    ) from None
             except aiohttp.ClientConnectorError as error:
                 # Refused or unreachable: the request was never sent.
                 last_problem = f"{self.endpoints[endpoint_index]}: {error}"
