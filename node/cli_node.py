@@ -167,6 +167,12 @@ def node_run(config_path: str | None, settings: dict[str, str], check: bool, **f
             return EXIT_USAGE
         click.echo(f"configuration is valid (region {config.region.name})")
         click.echo(_settings_table(config, path))
+        import datetime
+
+        from node.tls import certificate_warnings
+
+        for warning in certificate_warnings(config.tls, datetime.datetime.now(datetime.UTC)):
+            click.echo(f"xr node run: warning: {warning}", err=True)
         return 0
     from node.daemon import run
 

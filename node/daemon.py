@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ from node.executor.executor import Executor
 from node.executor.inventory import detect as detect_inventory
 from node.executor.inventory import to_gpus
 from node.localcluster import STOP_WITH_PARENT_VARIABLE
-from node.tls import client_context, server_context
+from node.tls import certificate_warnings, client_context, server_context
 from raftstore.faults import NO_FAULTS, Faults, FaultsRefused
 from raftstore.replica import snapshot_members
 from raftstore.store import RaftStore
@@ -168,6 +169,8 @@ class Node:
 
     async def start(self) -> None:
         log_raft_security(self.config)
+        for warning in certificate_warnings(self.config.tls, datetime.datetime.now(datetime.UTC)):
+            log.warning("%s", warning)
         if self.executor is not None:
             await self.executor.prepare()
         await self.store.start()

@@ -15,6 +15,8 @@ the nodes works when they require client certificates.
 
 from __future__ import annotations
 
+import datetime
+import os
 import ssl
 
 from cryptography import x509
@@ -24,7 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from node.config import ConfigError, TlsConfig
 from node.files import CONFIG_BYTES_MAX, read_bounded
 
-__all__ = ["client_context", "server_context"]
+__all__ = ["certificate_warnings", "client_context", "server_context"]
 
 _CLIENT_VERIFY_MODES = {
     "none": ssl.CERT_NONE,
@@ -122,3 +124,36 @@ def _load_ca(context: ssl.SSLContext, ca_file: str) -> None:
         raise ConfigError(
             f"setting tls.ca_file: {ca_file!r} is not a PEM file of CA certificates ({error})"
         ) from None
+
+
+def certificate_warnings(tls: TlsConfig, now: datetime.datetime) -> list[str]:
+    """What may stop clients from connecting although the files load: `tls.cert_file` outside
+    its validity period at `now`, and `tls.key_file` readable by other users. Read again here
+    so a file that does not load says nothing (the contexts report it)."""
+    if tls.cert_file is None or tls.key_file is None:
+        return []
+    warnings = []
+    try:
+        certificate = x509.load_pem_x509_certificates(_read("tls.cert_file", tls.cert_file))[0]
+    except (ConfigError, ValueError):
+        return []
+    if now > certificate.not_valid_after_utc:
+        warnings.append(
+            f"tls.cert_file {tls.cert_file!r} expired on "
+            f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: clients will refuse it"
+        )
+    elif now < certificate.not_valid_before_utc:
+        warnings.append(
+            f"tls.cert_file {tls.cert_file!r} is not valid before "
+            f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC: clients will refuse it"
+        )
+    try:
+        mode = os.stat(tls.key_file).st_mode
+    except OSError:
+        return warnings
+    if mode & 0o077:
+        warnings.append(
+            f"tls.key_file {tls.key_file!r} may be read by other users (mode {mode & 0o777:o}); "
+            "make it 0600"
+        )
+    return warnings

@@ -8,10 +8,12 @@ certificates from `xr tls make-ca`.
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import inspect
 import json
 import logging
+import os
 import socket
 import ssl
 import time
@@ -29,7 +31,7 @@ from node.cli_tls import CertificateFiles, make_ca
 from node.config import ConfigError, NodeConfig, TlsConfig, load_config
 from node.daemon import log_raft_security
 from node.localcluster import LocalCluster, LocalNode, free_ports
-from node.tls import client_context, server_context
+from node.tls import certificate_warnings, client_context, server_context
 from xrcore.client import AsyncClient, Client
 from xrcore.client._transport import tls_context
 from xrcore.errors import ClusterUnavailable
@@ -599,3 +601,20 @@ def test_make_ca__an_output_that_is_not_a_regular_file_is_refused_before_writing
         pytest.fail("make_ca waited on a named pipe")
     assert "a.pem exists and is not a regular file" in str(outcome["error"])
     assert not (tmp_path / "ca.pem").exists()  # nothing written
+
+
+def test_certificate_warnings__an_expired_certificate_and_a_key_others_may_read(
+    tmp_path: Path,
+) -> None:
+    # Both passed `--check` and the start silently; clients then refused the node.
+    issued = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    files = make_ca(tmp_path / "old", ["r0"], days=30, now=issued)
+    tls = _tls(files, "r0")
+    assert certificate_warnings(tls, issued + datetime.timedelta(days=1)) == []
+    [expired] = certificate_warnings(tls, issued + datetime.timedelta(days=365))
+    assert "expired on 2020-01-31" in expired
+    [early] = certificate_warnings(tls, issued - datetime.timedelta(days=2))
+    assert "is not valid before" in early
+    os.chmod(files.certificates["r0"][1], 0o644)
+    [readable] = certificate_warnings(tls, issued + datetime.timedelta(days=1))
+    assert "may be read by other users (mode 644)" in readable
