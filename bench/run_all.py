@@ -130,6 +130,13 @@ BENCHMARKS = (
         "FIFO first-fit and random placement on the same trace and seed",
     ),
     Benchmark(
+        "placement_view",
+        ("bench/placement_view.py", "--pairs", "3"),
+        180,
+        "the same pass without the bound on the pending tasks it looks at (the pass before it),"
+        " alternating in the same run",
+    ),
+    Benchmark(
         "checker",
         ("bench/checker.py", "--sizes", "1000", "10000", "--rounds", "2"),
         180,
