@@ -243,7 +243,17 @@ def job_show(job_id: str) -> int:
             click.echo("")
             click.echo(
                 table(
-                    ["TASK", "ATTEMPT", "REGION", "TOKEN", "STARTED", "ENDED", "FROM STEP"], history
+                    [
+                        "TASK",
+                        "ATTEMPT",
+                        "REGION",
+                        "TOKEN",
+                        "STARTED",
+                        "ENDED",
+                        "OUTCOME",
+                        "FROM STEP",
+                    ],
+                    history,
                 )
             )
         reasons = [(task.index, task.reason) for task in found.tasks if task.reason]
@@ -268,9 +278,7 @@ def _attempt_rows(found: Job) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for task in moved[:_HISTORY_TASKS_MAX]:
         for attempt in task.attempts:
-            ended = None
-            if attempt.ended_at_ms is not None:
-                ended = f"{format_time_ms(attempt.ended_at_ms)} {attempt.outcome or ''}".strip()
+            running = attempt.ended_at_ms is None
             rows.append(
                 [
                     task.index,
@@ -278,13 +286,14 @@ def _attempt_rows(found: Job) -> list[list[Any]]:
                     attempt.region,
                     attempt.token,
                     format_time_ms(attempt.started_at_ms),
-                    ended or "running",
+                    None if running else format_time_ms(attempt.ended_at_ms),
+                    "running" if running else attempt.outcome,
                     attempt.restored_step,
                 ]
             )
     if len(moved) > _HISTORY_TASKS_MAX:
         more = len(moved) - _HISTORY_TASKS_MAX
-        rows.append([f"... {more} more tasks with several attempts (--json)"] + [None] * 6)
+        rows.append([f"... {more} more tasks with several attempts (--json)"] + [None] * 7)
     return rows
 
 

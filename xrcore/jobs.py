@@ -170,13 +170,14 @@ def submit(machine: StateMachine, command: JobSubmit, index: int) -> dict[str, A
             f"maximum of {limits.tasks_active_max}"
         )
     # A tenant at its own jobs quota makes room from its own finished jobs, never another's.
-    evict = tenants.jobs_to_evict(machine, spec.tenant, spec.array_size)
-    if evict is None and len(machine.jobs) >= limits.jobs_max:
-        evict = next((job_id for job_id, job in machine.jobs.items() if _finished(job)), None)
-        if evict is None:
+    evicted = tenants.jobs_to_evict(machine, spec.tenant, spec.array_size)
+    if not evicted and len(machine.jobs) >= limits.jobs_max:
+        oldest = next((job_id for job_id, job in machine.jobs.items() if _finished(job)), None)
+        if oldest is None:
             raise CapacityExceeded(f"the maximum of {limits.jobs_max} unfinished jobs is reached")
-    if evict is not None:
-        del machine.jobs[evict]
+        evicted = [oldest]
+    for job_id in evicted:
+        del machine.jobs[job_id]
     job_id = f"job-{index}"
     tasks = [
         Task(index=position, updated_at_ms=machine.now_ms) for position in range(spec.array_size)

@@ -79,9 +79,10 @@ def _quota(machine: StateMachine, tenant: str, field: str) -> int | None:
     return None if record is None else getattr(record, field)
 
 
-def _refuse(tenant: str, quota: int, what: str, option: str) -> CapacityExceeded:
+def _refuse(tenant: str, held: int, quota: int, what: str, option: str) -> CapacityExceeded:
     return CapacityExceeded(
-        f"tenant {tenant!r} holds its quota of {quota} {what} (xr tenant set {tenant} --{option})"
+        f"tenant {tenant!r} holds {held} {what}, and its quota is {quota} (xr tenant set "
+        f"{tenant} --{option})"
     )
 
 
@@ -95,7 +96,7 @@ def check_keys(machine: StateMachine, key: str) -> None:
     # Every key of the namespace lies between "tenant/" and "tenant0" ('0' follows '/').
     held = bisect_left(keys, f"{tenant}0") - bisect_left(keys, f"{tenant}/")
     if held >= quota:
-        raise _refuse(tenant, quota, "keys", "keys-max")
+        raise _refuse(tenant, held, quota, "keys", "keys-max")
 
 
 def check_sessions(machine: StateMachine, owner: str) -> None:
@@ -105,7 +106,7 @@ def check_sessions(machine: StateMachine, owner: str) -> None:
         return
     held = sum(1 for session in machine.sessions.values() if session.owner == owner)
     if held >= quota:
-        raise _refuse(owner, quota, "sessions", "sessions-max")
+        raise _refuse(owner, held, quota, "sessions", "sessions-max")
 
 
 def check_clients(machine: StateMachine, client_id: str) -> None:
@@ -119,29 +120,32 @@ def check_clients(machine: StateMachine, client_id: str) -> None:
     held = sum(1 for held_id in machine.clients if held_id.startswith(prefix))
     if held >= quota:
         raise CapacityExceeded(
-            f"tenant {tenant!r} holds its quota of {quota} client records (xr tenant set "
-            f"{tenant} --clients-max); reuse a client id, or retry once idle ones are forgotten"
+            f"tenant {tenant!r} holds {held} client records, and its quota is {quota} (xr tenant "
+            f"set {tenant} --clients-max); reuse a client id, or retry once idle ones are "
+            "forgotten"
         )
 
 
-def jobs_to_evict(machine: StateMachine, tenant: str, tasks: int) -> str | None:
+def jobs_to_evict(machine: StateMachine, tenant: str, tasks: int) -> list[str]:
     """Before a tenant's new job of `tasks` tasks: refuses it past the tenant's
-    `unfinished_tasks_max`, and at its `jobs_max` returns the tenant's oldest finished job, to
-    be evicted for it (refused when every job it holds is unfinished)."""
+    `unfinished_tasks_max`, and at or over its `jobs_max` returns the tenant's oldest finished
+    jobs, to be evicted so that it holds one fewer than its quota (refused when it has too few
+    finished jobs: a quota lowered below what a tenant holds is reached again, not kept
+    exceeded)."""
     record = machine.tenants.get(tenant)
     if record is None or (record.jobs_max is None and record.unfinished_tasks_max is None):
-        return None
+        return []
     held_jobs = 0
     unfinished_tasks = 0
-    oldest_finished: str | None = None
+    finished: list[str] = []
     for job_id, job in machine.jobs.items():
         if job.spec.tenant != tenant:
             continue
         held_jobs += 1
         unfinished = sum(1 for task in job.tasks if not task.state.terminal)
         unfinished_tasks += unfinished
-        if unfinished == 0 and oldest_finished is None:
-            oldest_finished = job_id
+        if unfinished == 0:
+            finished.append(job_id)
     quota = record.unfinished_tasks_max
     if quota is not None and unfinished_tasks + tasks > quota:
         raise CapacityExceeded(
@@ -149,7 +153,10 @@ def jobs_to_evict(machine: StateMachine, tenant: str, tasks: int) -> str | None:
             f"its quota of {quota} (xr tenant set {tenant} --unfinished-tasks-max)"
         )
     if record.jobs_max is None or held_jobs < record.jobs_max:
-        return None
-    if oldest_finished is None:
-        raise _refuse(tenant, record.jobs_max, "jobs, none of them finished", "jobs-max")
-    return oldest_finished
+        return []
+    excess = held_jobs - record.jobs_max + 1
+    if len(finished) < excess:
+        raise _refuse(
+            tenant, held_jobs, record.jobs_max, f"jobs ({len(finished)} finished)", "jobs-max"
+        )
+    return finished[:excess]

@@ -117,6 +117,9 @@ SERVICES = web.AppKey("services", Services)
 PRINCIPAL = web.RequestKey("principal", Principal)
 # The log index a read or write saw, answered in the Xr-Index header.
 INDEX = web.RequestKey("index", int)
+# Set when the state machine applied the request's command and refused it: its refusal is stored
+# under the request's idempotency key, so a retry gets the same one and no `Retry-After` is sent.
+REFUSED_IN_THE_LOG = web.RequestKey("refused_in_the_log", bool)
 
 
 def services(request: web.Request) -> Services:
@@ -185,6 +188,8 @@ async def write(request: web.Request, command: Command, *, idempotent: bool = Tr
     else:
         applied = await store.propose(command, client_id=client_id, seq=seq)
     request[INDEX] = applied.index
+    if applied.result.error is not None:
+        request[REFUSED_IN_THE_LOG] = True
     return applied.result.unwrap()
 
 
@@ -315,7 +320,7 @@ def _error_response(request: web.Request, error: XrError, status: int) -> web.Re
         # names. Only the caller's own prefix is removed, so nothing of another tenant shows.
         document["message"] = str(document["message"]).replace(f"'{caller.prefix}", "'")
     response = respond(request, {"error": document}, status=status)
-    if status in (429, 503):
+    if status in (429, 503) and not request.get(REFUSED_IN_THE_LOG, False):
         response.headers["Retry-After"] = "1"
     return response
 

@@ -783,7 +783,7 @@ def _parameters(*, wait_max_s: float) -> dict[str, Any]:
         "limit": _query(
             "limit",
             page_limit,
-            "The most items to answer. A page of keys or watch events also stops once its keys "
+            "The most items to answer. A page of keys or watch events also stops before its keys "
             f"and values pass {limits.PAGE_BYTES_MAX} bytes (it holds at least one item): "
             "follow `next` or `next_revision`, not the count, to read on.",
         ),

@@ -15,6 +15,7 @@ from node.api.auth import Permission
 from node.api.wire import field, read_body, reject_unknown, respond
 from xrcore import tenants
 from xrcore.commands import TABLE_QUOTAS, TenantSet
+from xrcore.errors import InvalidArgument
 
 __all__ = ["routes"]
 
@@ -40,8 +41,13 @@ async def set_tenant(request: web.Request) -> web.Response:
     principal(request, Permission.ADMIN)
     body = await read_body(request)
     reject_unknown(body, _FIELDS)
+    name = request.match_info["name"]
+    if "/" in name:
+        # Accepted by the state machine (earlier entries may hold one), but no token can belong
+        # to such a tenant, so its settings and quotas would never apply.
+        raise InvalidArgument(f"a tenant name has no '/' (no token can name one), got {name!r}")
     command = TenantSet(
-        name=request.match_info["name"],
+        name=name,
         weight=field(body, "weight", float, default=1.0),
         gpus_max=field(body, "gpus_max", int, default=None, nullable=True),
         tasks_max=field(body, "tasks_max", int, default=None, nullable=True),

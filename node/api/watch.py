@@ -198,7 +198,10 @@ async def _follow(
     last_sent_s = loop.time()
     while True:
         if not still_authorized(request, caller):
-            revoked = Unauthenticated("the token this stream was opened with is not valid")
+            revoked = Unauthenticated(
+                "the token this stream was opened with was revoked or now stands for another "
+                "role or tenant; open the stream again"
+            )
             await write_to_stream(request, response, _sse("error", revoked.to_dict()))
             break
         for event in events:

@@ -20,7 +20,7 @@ from typing import Any, cast
 import pytest
 
 from tests.client.fake_node import FakeNodes, Reply
-from xrcore.client import AsyncClient
+from xrcore.client import AsyncClient, Client
 from xrcore.errors import InvalidArgument, PayloadTooLarge
 
 pytestmark = pytest.mark.integration
@@ -299,3 +299,11 @@ def test_tls_file_given_as_an_int__is_refused_and_no_file_descriptor_is_closed()
     finally:
         with contextlib.suppress(OSError):
             os.close(read_end)
+
+
+def test_endpoints__one_string_may_name_several_separated_by_commas() -> None:
+    # As XR_ENDPOINTS and --endpoints take them; it was refused as one malformed URL.
+    with Client("http://127.0.0.1:1, http://127.0.0.1:2") as client:
+        assert client.endpoints == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    with Client("127.0.0.1:1") as client:
+        assert client.endpoints == ("http://127.0.0.1:1",)

@@ -359,7 +359,11 @@ def test_async_session_block__kept_alive_past_its_ttl_then_revoked_on_exit(
 
 def test_jobs__submit_list_cancel_and_wait(healthy: LocalCluster, prefix: str) -> None:
     with Client(healthy.urls) as client:
-        job_id = client.jobs.submit("client-test", workload="sleep", args={"seconds": 1})
+        # A job no region may run stays pending: one that ran would fail at once ("sleep" is no
+        # built-in workload) and end the wait below before its timeout.
+        job_id = client.jobs.submit(
+            "client-test", workload="sleep", args={"seconds": 1}, regions_allow=["nowhere"]
+        )
         job = client.jobs.get(job_id)
         assert job is not None and job.state == "pending" and len(job.tasks) == 1
         assert job_id in [item.job_id for item in client.jobs.list(limit=1000).items]

@@ -21,6 +21,7 @@ from tests.client.fake_node import DROP, FakeNodes, Reply, error, refused_url
 from xrcore.client import AsyncClient, Client, LockLost, WatchEvent
 from xrcore.client._transport import ANSWER_BYTES_MAX, Transport
 from xrcore.errors import (
+    CapacityExceeded,
     ClusterUnavailable,
     Compacted,
     CompareFailed,
@@ -112,6 +113,19 @@ def test_429__with_retry_after_past_the_deadline__raises_the_429(fakes: FakeNode
         {"PUT /v1/kv/k": [error("cluster.overloaded", 429, definite=True, retry_after="60")]}
     )
     with Client(node.url, timeout_s=1) as client, pytest.raises(Overloaded) as raised:
+        client.kv.put("k", "v")
+    assert raised.value.definite
+    assert len(node.requests("PUT /v1/kv/k")) == 1
+
+
+def test_429_without_retry_after__a_refusal_the_log_stored__is_raised_at_once(
+    fakes: FakeNodes,
+) -> None:
+    # A tenant at its quota (or a full table) is refused by the state machine, and the refusal
+    # is stored under the write's key: the client asked again for its whole timeout (10 s and
+    # ten requests) to be told the same. The node sends such a 429 without Retry-After.
+    node = fakes.add({"PUT /v1/kv/k": [error("limit.capacity", 429, definite=True), PUT_OK]})
+    with Client(node.url, timeout_s=30) as client, pytest.raises(CapacityExceeded) as raised:
         client.kv.put("k", "v")
     assert raised.value.definite
     assert len(node.requests("PUT /v1/kv/k")) == 1

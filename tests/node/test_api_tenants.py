@@ -49,13 +49,24 @@ def test_a_tenant_at_its_keys_quota_is_refused_with_429_and_others_are_not(api: 
         assert (listed[0]["keys_max"], listed[0]["sessions_max"]) == (0, 0)
         refused = api.request("PUT", "/v1/kv/quota/a", token="beta", json={"value": "x"})
         assert (refused.status, refused.error_code) == (429, "limit.capacity")
-        assert "tenant 'beta' holds its quota of 0 keys" in refused.document["error"]["message"]
+        assert (
+            "tenant 'beta' holds 0 keys, and its quota is 0" in refused.document["error"]["message"]
+        )
+        # Stored under the write's key: asking again would repeat it, so no Retry-After.
+        assert "Retry-After" not in refused.headers
         session = api.request("POST", "/v1/sessions", token="beta", json={"ttl_ms": 60_000})
         assert (session.status, session.error_code) == (429, "limit.capacity")
         api.ok("PUT", "/v1/kv/quota/a", token="alpha", json={"value": "x"})
     finally:
         api.ok("PUT", "/v1/tenants/beta", token="admin", json={})
     api.ok("PUT", "/v1/kv/quota/a", token="beta", json={"value": "x"})
+
+
+def test_a_tenant_name_with_a_slash_is_refused(api: ApiNode) -> None:
+    # No token can belong to such a tenant, so its quotas would never apply.
+    answer = api.request("PUT", "/v1/tenants/a%2Fb", token="admin", json={"keys_max": 1})
+    assert (answer.status, answer.error_code) == (400, "request.invalid")
+    assert "has no '/'" in answer.document["error"]["message"]
 
 
 def test_a_tenant_may_not_set_tenants(api: ApiNode) -> None:

@@ -38,7 +38,9 @@ def test_keys__a_tenant_at_its_quota_adds_none_but_may_overwrite_and_others_are_
     driver.ok(KvPut(key="bob/b", value=b"1"))
     assert driver.error(KvPut(key="bob/c", value=b"1")) == "limit.capacity"
     message = driver.apply(KvPut(key="bob/c", value=b"1")).result.error
-    assert message is not None and "tenant 'bob' holds its quota of 2 keys" in message.message
+    assert (
+        message is not None and "tenant 'bob' holds 2 keys, and its quota is 2" in message.message
+    )
     driver.ok(KvPut(key="bob/a", value=b"2"))  # an existing key
     # Neighbouring namespaces do not count ("bob0" sorts right after every "bob/..." key).
     for key in ("alice/a", "alice/b", "alice/c", "bob0", "bo/x", "bobby/x"):
@@ -68,7 +70,7 @@ def test_clients__a_tenant_at_its_quota_may_write_with_its_known_client_ids_only
         driver.ok(KvPut(key=f"bob/{number}", value=b""), client_id=client, seq=1)
     refused = driver.apply(KvPut(key="bob/x", value=b""), client_id="bob/c3", seq=1).result
     assert refused.error is not None and refused.error.code == "limit.capacity"
-    assert "quota of 2 client records" in refused.error.message
+    assert "holds 2 client records, and its quota is 2" in refused.error.message
     assert "bob/x" not in driver.machine.keys
     driver.ok(KvPut(key="bob/y", value=b""), client_id="bob/c1", seq=2)
     driver.ok(KvPut(key="alice/x", value=b""), client_id="alice/c3", seq=1)
@@ -85,7 +87,7 @@ def test_jobs__a_tenant_at_its_quota_evicts_its_own_oldest_finished_job_never_an
     first, second = _submit(driver, "bob"), _submit(driver, "bob")
     refused = driver.apply(JobSubmit(spec=JobSpec(name="j", workload="gemm", tenant="bob")))
     assert refused.result.error is not None
-    assert "quota of 2 jobs, none of them finished" in refused.result.error.message
+    assert "holds 2 jobs (0 finished), and its quota is 2" in refused.result.error.message
     driver.ok(JobCancel(job_id=first))
     third = _submit(driver, "bob")
     assert list(driver.machine.jobs) == [*alice, second, third]
@@ -116,3 +118,18 @@ def test_quotas__are_listed_and_checked() -> None:
     # Setting a tenant replaces all of its settings: the quotas go with the rest.
     driver.ok(TenantSet(name="bob", weight=2.0))
     driver.ok(KvPut(key="bob/a", value=b""))
+
+
+def test_jobs__a_quota_lowered_below_what_a_tenant_holds_is_reached_again() -> None:
+    # A submission used to evict one finished job and add one, so bob stayed over for good.
+    driver = Driver()
+    held = [_submit(driver, "bob") for _ in range(4)]
+    for job_id in held[:3]:
+        driver.ok(JobCancel(job_id=job_id))
+    driver.ok(TenantSet(name="bob", jobs_max=2))
+    newest = _submit(driver, "bob")
+    # Three finished jobs went for one new: 1 unfinished + 1 new = 2 = the quota.
+    assert list(driver.machine.jobs) == [held[3], newest]
+    refused = driver.apply(JobSubmit(spec=JobSpec(name="j", workload="gemm", tenant="bob")))
+    assert refused.result.error is not None
+    assert "holds 2 jobs (0 finished), and its quota is 2" in refused.result.error.message

@@ -593,6 +593,8 @@ class AsyncTenants:
         included; at the quota a submission evicts its own oldest finished job), its unfinished
         tasks. None: no quota of its own."""
         path = f"/v1/tenants/{_segment('name', name)}"
+        if "/" in name:
+            raise InvalidArgument(f"a tenant name has no '/' (no token can name one), got {name!r}")
         quotas = {
             "keys_max": keys_max,
             "sessions_max": sessions_max,

@@ -30,8 +30,9 @@ The rules, in the order a call meets them:
    the call backs off (50 ms doubling to 1 s, with jitter).
 4. 429 (`cluster.overloaded`, `limit.capacity`): the same endpoint again, with the same key,
    after `Retry-After`, if that fits before the deadline; otherwise the 429's own error is raised
-   (or `Timeout`, if an earlier try may have been applied). A `limit.capacity` from the state
-   machine itself is stored under the key, so its retries repeat it until the deadline.
+   (or `Timeout`, if an earlier try may have been applied). A 429 without `Retry-After` is
+   raised at once: a node sends none for a refusal the state machine applied (a full table, a
+   tenant's quota), which is stored under the key, so a retry would only repeat it.
 5. Any other error answer is raised at once as the same `xrcore.errors` class the server used.
    An answer without an xr error document (a web server's "404: Not Found"), and a node's own
    answer that it has no such route (an endpoint URL with a path after the port), are raised
@@ -258,7 +259,7 @@ def _read(name: str, path: str) -> bytes:
 class _Answer:
     status: int
     document: Any
-    retry_after_s: float
+    retry_after_s: float | None
 
 
 class Transport:
@@ -278,7 +279,10 @@ class Transport:
         answer_bytes_max: int = ANSWER_BYTES_MAX,
     ) -> None:
         if isinstance(endpoints, str):
-            listed = [endpoints]
+            # One URL, or several separated by commas as XR_ENDPOINTS and --endpoints take them.
+            listed = (
+                [part.strip() for part in endpoints.split(",")] if "," in endpoints else [endpoints]
+            )
         elif isinstance(endpoints, Sequence) and not isinstance(endpoints, bytes | bytearray):
             listed = list(endpoints)
         else:
@@ -590,8 +594,9 @@ class Transport:
                         answer.status, answer.document, f"{method} {path}", endpoint
                     )
                     if answer.status == 429:
-                        if loop.time() + answer.retry_after_s < deadline_s:
-                            await asyncio.sleep(answer.retry_after_s)
+                        retry_after_s = answer.retry_after_s
+                        if retry_after_s is not None and loop.time() + retry_after_s < deadline_s:
+                            await asyncio.sleep(retry_after_s)
                             continue
                         if uncertain:
                             raise _give_up(
@@ -739,9 +744,10 @@ def _decode(raw: bytes) -> Any:
         return None
 
 
-def _retry_after_s(header: str | None) -> float:
+def _retry_after_s(header: str | None) -> float | None:
+    """Seconds to wait before asking again; None without the header (do not ask again)."""
     if header is None:
-        return _RETRY_AFTER_DEFAULT_S
+        return None
     try:
         return max(0.0, float(header))
     except ValueError:
