@@ -126,7 +126,7 @@ def _quota_option(flag: str, help_text: str) -> Callable[[F], F]:
 @_quota_option(
     "--jobs-max",
     "Most of the tenant's jobs kept, finished ones included (at it, a submission evicts the "
-    "tenant's own oldest finished job).",
+    "tenant's own oldest finished jobs).",
 )
 @_quota_option("--unfinished-tasks-max", "Most of the tenant's tasks not yet finished.")
 @client_options

@@ -590,7 +590,7 @@ class AsyncTenants:
         """Sets all of a tenant's settings (admins only); True when the tenant was new. The
         `*_max` after the weights are the tenant's shares of the replicated tables: keys in its
         namespace, sessions, client records of its writes, its jobs kept (finished ones
-        included; at the quota a submission evicts its own oldest finished job), its unfinished
+        included; at the quota a submission evicts its own oldest finished jobs), its unfinished
         tasks. None: no quota of its own."""
         path = f"/v1/tenants/{_segment('name', name)}"
         if "/" in name:
