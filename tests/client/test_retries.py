@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
+import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -248,24 +250,51 @@ def test_watch__an_outage_longer_than_retry_s__ends_it_with_how_long_it_retried(
     assert all(wait <= 0.2 for wait in waits[1])
 
 
-def test_long_polls__with_no_node_reached__have_the_call_timeout_alone() -> None:
+@contextlib.contextmanager
+def _unaccepting_url() -> Iterator[str]:
+    """An endpoint that never completes a connection: a listening socket whose queue of
+    connections is full, so the kernel drops the next one's handshake and `connect` hangs."""
+    server = socket.socket()
+    fillers: list[socket.socket] = []
+    try:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for filler in fillers:
+            filler.close()
+        server.close()
+
+
+@pytest.mark.parametrize("endpoint", ["refusing", "unaccepting"])
+def test_long_polls__with_no_node_reached__have_the_call_timeout_alone(endpoint: str) -> None:
     """Against endpoints that refuse connections, a watch's or `jobs.wait`'s first poll retried
     for its whole 20 s wait plus the timeout (22 s where `retry_s` asked for 3): nothing waits
-    on a node that never took the request."""
-    refusing = refused_url()
+    on a node that never took the request. Nor on one whose connection never completes: a try
+    that ran out of time before its request was sent read as a node that took the request (a CI
+    failure on a loaded machine, where connecting to a refusing port took longer than the try)."""
+    with contextlib.ExitStack() as stack:
+        url = refused_url() if endpoint == "refusing" else stack.enter_context(_unaccepting_url())
 
-    async def scenario(call: Callable[[AsyncClient], Awaitable[Any]]) -> str:
-        async with AsyncClient(refusing, timeout_s=0.5, retry_s=0.1) as client:
-            with pytest.raises(ClusterUnavailable) as raised:
-                await call(client)
-        return raised.value.message
+        async def scenario(call: Callable[[AsyncClient], Awaitable[Any]]) -> str:
+            async with AsyncClient(url, timeout_s=0.5, retry_s=0.1) as client:
+                with pytest.raises(ClusterUnavailable) as raised:
+                    await call(client)
+            return raised.value.message
 
-    for call in (
-        lambda client: anext(client.kv.watch("p/", from_revision=1)),
-        lambda client: client.jobs.wait("job-1"),
-    ):
-        message = run(functools.partial(scenario, call))
-        assert "no node could serve it within 0.5 s" in message, message
+        for call in (
+            lambda client: anext(client.kv.watch("p/", from_revision=1)),
+            lambda client: client.jobs.wait("job-1"),
+        ):
+            message = run(functools.partial(scenario, call))
+            assert "no node could serve it within 0.5 s" in message, message
 
 
 def test_lock_acquire__wait_ended_early_by_the_node__joins_again_with_a_new_key(

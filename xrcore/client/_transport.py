@@ -64,6 +64,7 @@ import random
 import secrets
 import ssl
 import time
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -406,6 +407,7 @@ class Transport:
                 # True: aiohttp's default verification with the system's CAs.
                 connector=aiohttp.TCPConnector(limit=256, ssl=self._tls or True),
                 timeout=aiohttp.ClientTimeout(total=None),
+                trace_configs=[_SENT_TRACE],
             )
         return self._session
 
@@ -559,6 +561,13 @@ class Transport:
                 # Refused or unreachable: the request was never sent.
                 last_problem = f"{self.endpoints[endpoint_index]}: {error}"
                 last_without_quorum = False
+            except _NotSent as not_sent:
+                last_problem = f"{self.endpoints[endpoint_index]}: " + (
+                    "the request could not be sent in time"
+                    if isinstance(not_sent.error, TimeoutError)
+                    else f"not sent: {_lost_answer(not_sent.error)}"
+                )
+                last_without_quorum = False
             except (aiohttp.ClientError, TimeoutError) as error:
                 # Sent, but the answer was lost: a write may have been applied.
                 reached = True
@@ -658,22 +667,32 @@ class Transport:
         sent_headers = dict(headers)
         if data is not None:
             sent_headers["Content-Type"] = "application/json"
-        async with self._http().request(
-            method,
-            url,
-            params=query,
-            data=data,
-            headers=sent_headers,
-            timeout=aiohttp.ClientTimeout(
-                total=timeout_s, sock_connect=min(timeout_s, _CONNECT_MAX_S)
-            ),
-        ) as response:
-            raw = await read_answer(response, self.answer_bytes_max)
-            return _Answer(
-                status=response.status,
-                document=_decode(raw),
-                retry_after_s=_retry_after_s(response.headers.get("Retry-After")),
-            )
+        sent: dict[str, bool] = {}
+        try:
+            async with self._http().request(
+                method,
+                url,
+                params=query,
+                data=data,
+                headers=sent_headers,
+                timeout=aiohttp.ClientTimeout(
+                    total=timeout_s, sock_connect=min(timeout_s, _CONNECT_MAX_S)
+                ),
+                trace_request_ctx=sent,
+            ) as response:
+                raw = await read_answer(response, self.answer_bytes_max)
+                return _Answer(
+                    status=response.status,
+                    document=_decode(raw),
+                    retry_after_s=_retry_after_s(response.headers.get("Retry-After")),
+                )
+        except (aiohttp.ClientError, TimeoutError) as error:
+            if not sent and not isinstance(error, aiohttp.ClientConnectorError):
+                # Out of time (or cut off) before the request went out: no node took it. On a
+                # loaded machine a connection to a port that refuses can take longer than a
+                # short try, and the try's timeout read as a node that took the request.
+                raise _NotSent(error) from error
+            raise
 
     async def probe(self, path: str) -> tuple[int, Any]:
         """One try of `GET path` on the current endpoint, whatever the status; no failover.
@@ -689,7 +708,8 @@ class Transport:
                 body=None,
                 timeout_s=self.timeout_s,
             )
-        except (aiohttp.ClientError, TimeoutError) as error:
+        except (aiohttp.ClientError, TimeoutError, _NotSent) as caught:
+            error = caught.error if isinstance(caught, _NotSent) else caught
             raise ClusterUnavailable(
                 f"{endpoint} did not answer: {str(error) or 'no answer in time'}"
                 f"{self._disconnection_hint(endpoint, error)}"
@@ -796,6 +816,28 @@ def _check_finite(value: Any, where: str) -> None:
     elif isinstance(value, list | tuple):
         for position, item in enumerate(value):
             _check_finite(item, f"{where}[{position}]")
+
+
+class _NotSent(Exception):
+    """A try that ended before its request was sent (headers written): no node took it."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _on_headers_sent(
+    _session: aiohttp.ClientSession,
+    context: types.SimpleNamespace,
+    _params: aiohttp.TraceRequestHeadersSentParams,
+) -> None:
+    if isinstance(context.trace_request_ctx, dict):
+        context.trace_request_ctx["sent"] = True
+
+
+# Marks a try's request as sent once its headers are written (`_try`).
+_SENT_TRACE = aiohttp.TraceConfig()
+_SENT_TRACE.on_request_headers_sent.append(_on_headers_sent)
 
 
 def _lost_answer(error: BaseException) -> str:
