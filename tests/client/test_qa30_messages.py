@@ -114,3 +114,26 @@ def test_health_of_a_node_that_never_answers__gives_a_reason(fakes: FakeNodes) -
     with Client(node.url, timeout_s=0.5) as client, pytest.raises(ClusterUnavailable) as raised:
         client.health()
     assert raised.value.message == f"{node.url} did not answer: no answer in time"
+
+
+def test_mutual_tls_hint__a_reset_connection_gets_it_too() -> None:
+    # A node requiring client certificates hangs up on one without: aiohttp reports it as a
+    # disconnection or, as often on a loaded machine, a reset connection (a CI failure).
+    import errno
+
+    import aiohttp
+
+    from xrcore.client._transport import Transport
+
+    transport = Transport(["https://127.0.0.1:1"])
+    for hung_up in (
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientOSError(errno.ECONNRESET, "Connection reset by peer"),
+        aiohttp.ClientConnectionResetError("Cannot write to closing transport"),
+    ):
+        assert "requires client certificates" in transport._disconnection_hint(
+            "https://127.0.0.1:1", hung_up
+        ), hung_up
+    assert (
+        transport._disconnection_hint("http://127.0.0.1:1", aiohttp.ServerDisconnectedError()) == ""
+    )

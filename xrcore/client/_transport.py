@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -639,12 +640,11 @@ class Transport:
         """What an https node that hangs up before answering most likely means, for a client
         without a certificate. A node that requires client certificates (mutual TLS) refuses
         one without, but under TLS 1.3 its refusal comes after the client's side of the
-        handshake, and aiohttp reports it as a plain disconnection."""
-        if (
-            isinstance(error, aiohttp.ServerDisconnectedError)
-            and endpoint.startswith("https://")
-            and not self._has_certificate
-        ):
+        handshake, and aiohttp reports it as a plain disconnection or a reset connection."""
+        hung_up = isinstance(error, aiohttp.ServerDisconnectedError | ConnectionResetError) or (
+            isinstance(error, OSError) and error.errno == errno.ECONNRESET
+        )
+        if hung_up and endpoint.startswith("https://") and not self._has_certificate:
             return (
                 " (a node that requires client certificates disconnects a client without one: "
                 "give cert_file and key_file, --cert-file and --key-file on the command line)"
