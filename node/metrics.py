@@ -17,6 +17,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from raftstore.frames import REFUSAL_REASONS
 from raftstore.store import RaftStore
 
 __all__ = ["NodeMetrics"]
@@ -124,6 +125,17 @@ class _StoreCollector(Collector):
             "(off the event loop) had the entries, where its followers already had them.",
             status["commits_held_for_own_sync"],
         )
+        refused = CounterMetricFamily(
+            "xr_raft_connections_refused",
+            "Incoming Raft connections this node closed for what the peer sent, by reason: "
+            "unauthenticated (another cluster secret, or none), bad_message, frame_too_long, "
+            "not_a_member (a name not in raft.peers), silent (no handshake in time).",
+            labels=["region", "reason"],
+        )
+        for reason in REFUSAL_REASONS:
+            count = status["connections_refused"].get(reason, 0)
+            refused.add_metric([self.region, reason], count, created=self.created_s)
+        yield refused
 
         def census(machine: Any) -> tuple[int, int, int, int, Counter[str], Counter[str]]:
             states: Counter[str] = Counter()

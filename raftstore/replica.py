@@ -1180,6 +1180,11 @@ class Replica(SyncObj):
         now_s = syncobj_module.monotonicTime()
         return {str(node): round(now_s - seen_s, 3) for node, seen_s in responses.items()}
 
+    def connections_refused(self) -> dict[str, int]:
+        """Incoming Raft connections closed for what their peer sent, by reason
+        (`frames.Refusals`)."""
+        return frames.refused_counts(getattr(self, "_SyncObj__transport"))  # noqa: B009
+
     def read(self, query: Callable[[StateMachine], T]) -> T:
         with self.state_lock:
             return query(self.machine)

@@ -483,6 +483,9 @@ class RaftStore:
             # the leader held a commit back until its own disk had the entries.
             "journal_syncs_off_loop": outbox is not None and outbox.in_background,
             "commits_held_for_own_sync": self.replica.commits_held_for_own_sync,
+            # Incoming Raft connections this member closed, by reason (raftstore.frames): a
+            # peer with another cluster secret, or not among this member's peers, shows here.
+            "connections_refused": self.replica.connections_refused(),
         }
 
     async def transfer_leadership(self, address: str, *, timeout_s: float = 5.0) -> None:
