@@ -74,6 +74,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# The mode of a Raft directory a member makes (an existing one is left as it is).
+RAFT_DIR_MODE = 0o700
 T = TypeVar("T")
 # pysyncobj's journal module: its FileJournal is not in the stub (xr uses it only here).
 _journal_module: Any = importlib.import_module("pysyncobj.journal")
@@ -645,7 +648,9 @@ class Replica(SyncObj):
         self.state_lock = threading.Lock()
         self.on_applied = on_applied
         self.durable = config.durability == "fsync"
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        # Mode 0700 when made here, whatever the umask: the journal and the snapshot hold every
+        # tenant's keys and jobs (pysyncobj makes its files with the umask's mode).
+        config.data_dir.mkdir(mode=RAFT_DIR_MODE, parents=True, exist_ok=True)
         repair_journal(config.journal_file)
         # Listen where this node says it is, not on every interface.
         bind_address = config.bind_address or config.self_address
@@ -1271,7 +1276,7 @@ def seed_data_dir(config: RaftConfig, state: bytes) -> None:
     for existing in (config.journal_file, config.snapshot_file):
         if existing.exists():
             raise InvalidArgument(f"{existing} exists: restore only into a new data directory")
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    config.data_dir.mkdir(mode=RAFT_DIR_MODE, parents=True, exist_ok=True)
     meta_file = Path(str(config.journal_file) + ".meta")
     try:
         _seed(config, state, meta_file)

@@ -131,7 +131,9 @@ class AuditLog:
         # Opened now, not at the first write, so a node that cannot write its audit log does
         # not start (`OSError` from the application's start).
         check_audit_path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # Who did what: a directory made here is 0750 whatever the umask (its group, a log
+        # shipper's, may read it; no one else). An existing one is left as it is.
+        path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         self.path = path
         self._clock = clock
         self._time = _TimeText()

@@ -504,7 +504,10 @@ class Executor:
         log_file = logs_path(
             self.config.data_dir, attempt.job_id, attempt.task_index, attempt.attempt
         )
-        log_file.parent.mkdir(parents=True, exist_ok=True)
+        # Jobs' output is their tenants' own: the directory of logs is the node's alone (0700
+        # when made here, whatever the umask); the node serves them through the API.
+        log_file.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        log_file.parent.mkdir(exist_ok=True)
         command = protocol.worker_command(self.python)
         # As another user, the worker's files are that user's alone, whatever the node's umask
         # (as the node's user, a job can read what the node can anyway).

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -108,6 +110,29 @@ def test_a_job_succeeds_and_its_output_is_served_as_logs(tmp_path: Path) -> None
         assert "hello from task 0 attempt 1" in logs["log"]
 
     _run(tmp_path, body)
+
+
+def test_the_directories_a_node_makes_for_its_data__are_its_own_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    # The Raft journal and snapshot (every tenant's keys and jobs) and the jobs' logs: the
+    # node's alone; the audit log: its group's too. pysyncobj and the audit handler make their
+    # files with the umask's mode, so the directory is what keeps others out.
+    data_dir = tmp_path / "data"
+    previous = os.umask(0o022)
+    try:
+
+        async def body(api: _Api) -> None:
+            job_id = await api.submit("succeed")
+            assert (await api.finished(job_id))["state"] == "succeeded"
+
+        _run(tmp_path, body, data_dir=str(data_dir))
+    finally:
+        os.umask(previous)
+    modes = {
+        name: stat.S_IMODE((data_dir / name).stat().st_mode) for name in ("raft", "logs", "audit")
+    }
+    assert modes == {"raft": 0o700, "logs": 0o700, "audit": 0o750}
 
 
 def test_a_finished_task_shows_the_progress_it_ended_with(tmp_path: Path) -> None:
