@@ -7,10 +7,11 @@ stored history, rebuild a report, or run the whole matrix.
     xr-jepsen matrix --nodes 5 --time 60
 
 Exit codes: 0 valid, 1 a checker found an anomaly, 2 a usage error or a run that cannot be made
-here (a partition nemesis without network namespaces), 3 unknown (the linearizability search ran
-out of time) or not live (the final operations did not succeed after the heal); 130 on Ctrl-C.
-The matrix: 1 if any run is invalid, else 2 if any run failed with an error, else 143 if SIGTERM
-stopped it, else 0.
+here (a partition nemesis without network namespaces; a nemesis that could inject no fault, on
+too few nodes or in too short a time), 3 unknown (the linearizability search ran out of time) or
+not live (the final operations did not succeed after the heal); 130 on Ctrl-C; 143 for a run
+that SIGTERM stopped early, unless what ran holds an anomaly (1). The matrix: 1 if any run is
+invalid, else 2 if any run failed with an error, else 143 if SIGTERM stopped it, else 0.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from node.cli_common import FiniteFloatRange
-from xr_jepsen.nemesis import NEMESES
+from xr_jepsen.nemesis import NEMESES, refusal
 from xr_jepsen.workloads import WORKLOADS
 
 if TYPE_CHECKING:
@@ -44,13 +45,16 @@ EXIT_UNKNOWN = 3
 # 128 + SIGTERM, as a shell reports a process that signal ended.
 EXIT_SIGTERM = 143
 DEFAULT_RUNS_DIR = Path("jepsen-runs")
-# f names that tell which workload wrote a history.
+# f names that tell which workload wrote a history (read-final is the queue's and the set's).
 _WORKLOAD_OF_F = {
     "cas": "register",
     "write": "register",
     "read": "register",
     "acquire": "locks",
+    "access": "locks",
+    "release": "locks",
     "enqueue": "queue",
+    "complete": "queue",
     "add": "set",
 }
 
@@ -114,6 +118,9 @@ def run(
     from xr_jepsen.runner import RunConfig, RunRefused
     from xr_jepsen.runner import run as run_one
 
+    # Everything that can be refused is, before the run's directory is made.
+    node_settings = _settings(settings)
+    _refuse_pointless(nemesis, nodes=nodes, time_s=time_s)
     if seed is None:
         seed = time.time_ns() % 1_000_000
     if run_dir is None:
@@ -129,7 +136,7 @@ def run(
         run_dir=run_dir,
         namespaces=not no_namespaces,
         fault_transport=fault_transport,
-        settings=_settings(settings),
+        settings=node_settings,
     )
     try:
         results = run_one(config, progress=_say)
@@ -145,8 +152,15 @@ def run(
         # not exit 1, which says the history holds an anomaly.
         _say(f"xr-jepsen: the run failed: {_record_error(run_dir, error)}")
         sys.exit(EXIT_USAGE)
-    click.echo(json.dumps({k: results[k] for k in ("verdict", "ops", "anomalies", "command")}))
-    sys.exit(_exit_code(str(results["verdict"])))
+    shown = ("verdict", "ops", "faults", "anomalies", "stopped_by", "command")
+    click.echo(json.dumps({k: results.get(k) for k in shown}))
+    verdict = str(results["verdict"])
+    if results.get("stopped_by") == "SIGTERM":
+        # The verdict is on a shortened run; only an anomaly in it is news in its own right.
+        _say(f"xr-jepsen: stopped early by SIGTERM; verdict on what ran: {verdict}")
+        if verdict != "invalid":
+            sys.exit(EXIT_SIGTERM)
+    sys.exit(_exit_code(verdict))
 
 
 @cli.command()
@@ -159,10 +173,20 @@ def check(history: Path, workload: str | None) -> None:
 
     try:
         ops = read_history(history)
+        if not ops:
+            # Nothing happened, so nothing can be said to be valid.
+            raise click.UsageError("the history is empty: there is nothing to check")
         if workload is None:
             workload = next((_WORKLOAD_OF_F[op.f] for op in ops if op.f in _WORKLOAD_OF_F), None)
         if workload is None:
             raise click.UsageError("cannot tell the workload from the history; give --workload")
+        if not any(_WORKLOAD_OF_F.get(op.f) == workload for op in ops):
+            # A checker finds no anomaly among operations it does not judge: not "valid".
+            fs = sorted(f for f, owner in _WORKLOAD_OF_F.items() if owner == workload)
+            raise click.UsageError(
+                f"the history holds no operation of the {workload} workload ({', '.join(fs)}); "
+                "is it another workload's?"
+            )
         result = make_workload(workload).check(ops)
     except OSError as error:
         raise click.BadParameter(
@@ -224,6 +248,8 @@ def matrix(
     else 0."""
     from xr_jepsen.runner import RunConfig
 
+    for nemesis in nemeses:
+        _refuse_pointless(nemesis, nodes=nodes, time_s=time_s)
     runs_dir = runs_dir or DEFAULT_RUNS_DIR / f"matrix-{time.strftime('%Y%m%d-%H%M%S')}"
     if (runs_dir / "matrix.json").exists():
         raise click.BadParameter(f"{runs_dir} already holds a matrix", param_hint="--dir")
@@ -278,6 +304,7 @@ def _matrix_row(config: RunConfig) -> dict[str, Any]:
             "run": name,
             "ops": results["ops"]["total"],
             "info": results["ops"]["info"],
+            "faults": results.get("faults"),
             "anomalies": results["anomalies"],
             "verdict": results["verdict"],
         }
@@ -289,6 +316,14 @@ def _matrix_row(config: RunConfig) -> dict[str, Any]:
         row = {"run": name, "verdict": "error", "error": _record_error(config.run_dir, error)}
     row["seconds"] = round(time.monotonic() - started_s)
     return row
+
+
+def _refuse_pointless(nemesis: str, *, nodes: int, time_s: float) -> None:
+    """A usage error for a nemesis that could inject no fault here (`nemesis.refusal`): its
+    verdict would be reported under the nemesis's name while nothing was tested."""
+    refused = refusal(nemesis, size=nodes, duration_s=time_s)
+    if refused is not None:
+        raise click.UsageError(refused)
 
 
 def _record_error(run_dir: Path, error: Exception) -> str:
@@ -400,7 +435,7 @@ def _first_line(error: Exception) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    columns = ["run", "ops", "info", "anomalies", "verdict", "seconds"]
+    columns = ["run", "ops", "info", "faults", "anomalies", "verdict", "seconds"]
     cells = [[str(row.get(column, "-")) for column in columns] for row in rows]
     widths = [
         max([len(column)] + [len(line[i]) for line in cells]) for i, column in enumerate(columns)

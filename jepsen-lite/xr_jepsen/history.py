@@ -11,7 +11,8 @@ A history is a list of `Op`s in the order they happened. Each client operation a
 A client process has at most one operation outstanding, so a completion belongs to the latest
 invoke of its process. A client that sees `info` must move on to a new process number, because the
 old operation may still be in flight. Faults are recorded as single `info` events of the nemesis,
-process `NEMESIS_PROCESS` (-1) and f `"nemesis"`; checkers skip them.
+process `NEMESIS_PROCESS` (-1) and f `"nemesis"`; checkers skip them. The two go together: an op
+with only one of them is neither a fault nor a client operation, and `pair` refuses it.
 
 On disk a history is JSON lines, one `Op.to_json()` object a line, written and read here. The
 history index, not `time_ns`, orders events: the recorder takes the time and the index under one
@@ -148,8 +149,9 @@ class Op:
 
 
 def is_nemesis(op: Op) -> bool:
-    """True for fault events, which are not client operations and which checkers skip."""
-    return op.process == NEMESIS_PROCESS or op.f == NEMESIS_F
+    """True for fault events (process NEMESIS_PROCESS and f NEMESIS_F, both), which are not
+    client operations and which checkers skip."""
+    return op.process == NEMESIS_PROCESS and op.f == NEMESIS_F
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +198,9 @@ def pair(ops: Sequence[Op]) -> list[Operation]:
     """Matches each invoke with the next completion of the same process, in invoke order.
 
     Nemesis events are skipped. Raises HistoryError for a completion with no outstanding invoke,
-    a second invoke while one is outstanding, or a completion whose f differs from its invoke's.
+    a second invoke while one is outstanding, a completion whose f differs from its invoke's, or
+    an op with only one of the nemesis's process and f (a client read on process -1 was skipped
+    as if it were a fault, and so never judged).
     """
     outstanding: dict[int, int] = {}
     operations: list[Operation | None] = []
@@ -204,6 +208,12 @@ def pair(ops: Sequence[Op]) -> list[Operation]:
     for op in ops:
         if is_nemesis(op):
             continue
+        if op.process == NEMESIS_PROCESS or op.f == NEMESIS_F:
+            raise HistoryError(
+                f"process {NEMESIS_PROCESS} and f {NEMESIS_F!r} go together (a fault event has "
+                f"both, a client operation neither), not process {op.process} with f {op.f!r}",
+                index=op.index,
+            )
         if op.type == "invoke":
             if op.process in outstanding:
                 earlier = slots[outstanding[op.process]].index

@@ -33,9 +33,11 @@ __all__ = [
     "Fault",
     "Nemesis",
     "Window",
+    "cut_off",
     "grudge",
     "needs_clock",
     "needs_partitions",
+    "refusal",
     "schedule",
 ]
 
@@ -59,6 +61,10 @@ QUIET_S_MIN, QUIET_S_MAX = 2.0, 4.0
 TAIL_S = 1.0
 WINDOWS_MAX = 1000
 CLOCK_OFFSET_S_MAX = 60.0
+# A partition needs a majority side and a minority side, and a kill or pause of "a minority" must
+# leave a majority running: with fewer nodes the first cuts nothing (or everything) off and the
+# others stop the only node or half the cluster.
+NODES_MIN = 3
 CLOCK_RATES = (0.5, 1.0, 2.0, 4.0)
 
 
@@ -111,6 +117,31 @@ def needs_partitions(nemesis: str) -> bool:
 
 def needs_clock(nemesis: str) -> bool:
     return nemesis in ("clock", "clock-jump", "mixed")
+
+
+def refusal(nemesis: str, *, size: int, duration_s: float) -> str | None:
+    """Why a run of `nemesis` on `size` nodes for `duration_s` could not test its fault, or None.
+
+    Refused: a nemesis other than `none`, `clock` and `clock-jump` on fewer than NODES_MIN nodes
+    (clock faults need no majority), and any nemesis but `none` whose schedule can place no
+    window: the first fault starts after at least QUIET_S_MIN, lasts at least FAULT_S_MIN and
+    must end TAIL_S before the run does, so a run of at most their sum never has one."""
+    if nemesis == "none":
+        return None
+    if size < NODES_MIN and nemesis not in ("clock", "clock-jump"):
+        return (
+            f"nemesis {nemesis!r} needs at least {NODES_MIN} nodes (--nodes {size}): on fewer a "
+            "partition has no minority side, and killing or pausing a minority stops the only "
+            "node or half the cluster"
+        )
+    time_s_min = QUIET_S_MIN + FAULT_S_MIN + TAIL_S
+    if duration_s <= time_s_min:
+        return (
+            f"nemesis {nemesis!r} can inject no fault in {duration_s:g} s: a fault starts at "
+            f"least {QUIET_S_MIN:g} s in, lasts at least {FAULT_S_MIN:g} s and ends {TAIL_S:g} "
+            f"s before the run does; give --time over {time_s_min:g}"
+        )
+    return None
 
 
 def _minority(rng: random.Random, size: int) -> tuple[int, ...]:
@@ -215,6 +246,21 @@ def grudge(shape: str, order: Sequence[int], *, leader: int | None = None) -> di
     raise ValueError(f"unknown partition shape {shape!r}")
 
 
+def cut_off(
+    shape: str, order: Sequence[int], dropped: dict[int, list[int]], *, leader: int | None = None
+) -> list[int]:
+    """The nodes a partition cuts off, which its event names (`grudge` gives every node's drops):
+    the isolated node (one, leader), the smaller half (halves; the first half of `order`), and
+    for ring and bridge every node that loses a peer, since no side is cut off whole."""
+    if shape == "one":
+        return [order[0]]
+    if shape == "leader" and leader is not None:
+        return [leader]
+    if shape == "halves":
+        return sorted(order[: len(order) // 2])
+    return sorted(dropped)
+
+
 def _cut(components: list[list[int]]) -> dict[int, list[int]]:
     dropped: dict[int, list[int]] = {}
     for component in components:
@@ -259,7 +305,7 @@ class Nemesis:
                 leader = fault.nodes[0]
             dropped = grudge(fault.shape, fault.nodes, leader=leader)
             self.cluster.partition(dropped)
-            targets = sorted(dropped)
+            targets = cut_off(fault.shape, fault.nodes, dropped, leader=leader)
             described["drops"] = {self._name(node): self._names(dropped[node]) for node in dropped}
         else:
             targets = self._targets(fault)

@@ -1,10 +1,12 @@
 """The report of one run: a self-contained HTML page (inline CSS and SVG, no external assets).
 
-It shows the verdicts, the seed and the command to replay the run, the mechanisms used, and a
-timeline: one lane per client worker (operations as bars from invoke to completion, coloured by
-outcome: ok, fail, info), the protected resource's lane, the nemesis windows shaded, the failing
-window (if a checker found one) outlined in red, and one lane per node with its role and term
-over time as polled from `GET /v1/cluster/status`.
+It shows the verdicts, the seed and the command to replay the run, the mechanisms used, how many
+faults were injected (with a warning when a nemesis injected none, or when SIGTERM stopped the
+run early: the verdict then covers less than was asked for), and a timeline: one lane per client
+worker (operations as bars from invoke to completion, coloured by outcome: ok, fail, info), the
+protected resource's lane, the nemesis windows shaded, the failing window (if a checker found
+one) outlined in red, and one lane per node with its role and term over time as polled from
+`GET /v1/cluster/status`.
 
 Built from the run directory's files alone, so `xr-jepsen report RUN_DIR` can rebuild it.
 """
@@ -22,6 +24,7 @@ from node.files import TooLarge, read_bounded
 from xr_jepsen.generator import FINAL_PROCESS
 from xr_jepsen.history import HistoryError, Op, Operation, is_nemesis, pair, read_history
 from xr_jepsen.resource import RESOURCE_PROCESS
+from xr_jepsen.runner import faults_injected, no_fault_warning
 
 __all__ = ["ReportError", "render_report", "write_report"]
 
@@ -54,6 +57,7 @@ h2 { font-size: 16px; margin: 24px 0 8px; }
 .unknown, .not-live { background: #f0ad4e; }
 table { border-collapse: collapse; } td, th { padding: 2px 10px 2px 0; text-align: left; }
 code, pre { background: #f4f4f4; padding: 2px 4px; }
+.warning { background: #fcf3e0; border-left: 4px solid #f0ad4e; padding: 4px 8px; }
 pre { padding: 8px; overflow-x: auto; }
 .legend span { display: inline-block; margin-right: 14px; }
 .swatch { display: inline-block; width: 12px; height: 12px; vertical-align: middle;
@@ -220,17 +224,35 @@ def _legend() -> str:
     )
 
 
+def _warnings(results: dict[str, Any], faults: int) -> list[str]:
+    """What the verdict does not cover: a run SIGTERM cut short, a nemesis that did nothing."""
+    warnings = []
+    if results.get("stopped_by"):
+        warnings.append(
+            f"stopped early by {results['stopped_by']}: the verdict covers only what ran"
+        )
+    no_fault = no_fault_warning(str(results.get("nemesis", "none")), faults)
+    if no_fault is not None:
+        warnings.append(no_fault)
+    return warnings
+
+
 def render_report(
     results: dict[str, Any], ops: list[Op], statuses: list[dict[str, Any]], *, workers: int
 ) -> str:
     check = results.get("check", {})
     verdict = str(results.get("verdict", "unknown"))
+    # Counted from the events when results.json predates the count.
+    faults = results.get("faults")
+    if not isinstance(faults, int) or isinstance(faults, bool):
+        faults = faults_injected(results.get("nemesis_events", []))
     rows = [
         ("workload", results.get("workload")),
         ("nemesis", results.get("nemesis")),
         ("nodes", results.get("nodes")),
         ("seed", results.get("seed")),
         ("duration", f"{results.get('time_s')} s of workload"),
+        ("faults injected", faults),
         ("operations", json.dumps(results.get("ops"))),
         ("safety", check.get("valid")),
         ("liveness", json.dumps(results.get("liveness"))),
@@ -257,6 +279,7 @@ def render_report(
 <style>{_STYLE}</style></head><body>
 <h1>xr-jepsen: {_e(results.get("workload"))} under {_e(results.get("nemesis"))}
 <span class="verdict {_e(verdict.replace(" ", "-"))}">{_e(verdict)}</span></h1>
+{"".join(f'<p class="warning">{_e(line)}</p>' for line in _warnings(results, faults))}
 <p>Replay: <code>{_e(results.get("command"))}</code></p>
 <p>{_e(results.get("reproducibility"))}</p>
 <table>{table}</table>

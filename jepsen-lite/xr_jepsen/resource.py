@@ -13,7 +13,8 @@ reports; the same token presented again (a retried request) is answered as befor
 recorded twice. A rejected job raises, so its attempt fails and the task is retried.
 
 Every job completion the server decides is recorded in the history as a `complete` operation of
-process `RESOURCE_PROCESS`: `ok` when accepted, `fail` when rejected.
+process `RESOURCE_PROCESS`, value `{"key", "token", "job_id"}`: `ok` when accepted, `fail` when
+rejected.
 """
 
 from __future__ import annotations
@@ -111,5 +112,6 @@ class ResourceServer:
         accepted = problem is None and self.resource.present(key, token)
         if problem is None and not accepted:
             problem = "a newer token was accepted"
-        self._record({"key": key, "token": token}, accepted, problem)
+        # The job id tells a superseded attempt of one job from a second job of the same key.
+        self._record({"key": key, "token": token, "job_id": job_id}, accepted, problem)
         return web.json_response({"accepted": accepted, "reason": problem})

@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shlex
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,14 @@ import aiohttp
 from xr_jepsen.db import Cluster
 from xr_jepsen.generator import FINAL_PROCESS, Generator
 from xr_jepsen.history import HistoryRecorder, Op, read_history
-from xr_jepsen.nemesis import Nemesis, Window, needs_clock, needs_partitions, schedule
+from xr_jepsen.nemesis import (
+    Nemesis,
+    Window,
+    needs_clock,
+    needs_partitions,
+    refusal,
+    schedule,
+)
 from xr_jepsen.net import clean_leftovers
 from xr_jepsen.resource import RESOURCE_PROCESS, FencedResource, ResourceServer
 from xr_jepsen.workloads import Completion, Context, Planned, WorkerState, make_workload
@@ -41,7 +49,16 @@ from xr_jepsen.workloads.base import Workload, outcome_of
 from xrcore.client import AsyncClient
 from xrcore.errors import XrError
 
-__all__ = ["REPRODUCIBILITY", "RunConfig", "RunRefused", "replay_command", "run"]
+__all__ = [
+    "REPLAY_ENVIRONMENT",
+    "REPRODUCIBILITY",
+    "RunConfig",
+    "RunRefused",
+    "faults_injected",
+    "no_fault_warning",
+    "replay_command",
+    "run",
+]
 
 STATUS_INTERVAL_S = 0.5
 STATUS_TIMEOUT_S = 0.4
@@ -57,10 +74,14 @@ REPRODUCIBILITY = (
     "processes, the network and the OS scheduler do not, so a replay runs the same plan, not "
     "necessarily the same interleaving or outcome."
 )
+# The variables that switch on deliberate bugs (docs/jepsen-faults.md): the nodes inherit them
+# from the harness, so the command that replays a run sets them as the run had them.
+REPLAY_ENVIRONMENT = ("XR_TEST_RUN", "XR_TEST_FAULTS")
 
 
 class RunRefused(RuntimeError):
-    """The run cannot be made here as asked (a partition nemesis without namespaces)."""
+    """The run cannot be made as asked: a partition nemesis without namespaces, or a nemesis
+    that could inject no fault (too few nodes, too short a time; `nemesis.refusal`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +107,15 @@ class RunConfig:
         return data
 
 
-def replay_command(config: RunConfig) -> str:
+def replay_command(config: RunConfig, *, environment: Mapping[str, str] | None = None) -> str:
+    """The shell command that replays the run, with the `REPLAY_ENVIRONMENT` variables set in
+    `environment` (default: this process's) in front of it."""
+    environment = os.environ if environment is None else environment
+    assignments = [
+        f"{name}={shlex.quote(environment[name])}"
+        for name in REPLAY_ENVIRONMENT
+        if name in environment
+    ]
     parts = [
         "xr-jepsen", "run",
         "--workload", config.workload,
@@ -101,7 +130,16 @@ def replay_command(config: RunConfig) -> str:
         parts.append("--fault-transport")
     for name, value in sorted(config.settings.items()):
         parts += ["--set", f"{name}={value}"]
-    return shlex.join(parts)
+    return " ".join([*assignments, shlex.join(parts)])
+
+
+def faults_injected(nemesis_events: list[Any]) -> int:
+    """How many faults a run's nemesis events show started (a start that failed is no fault)."""
+    return sum(
+        1
+        for event in nemesis_events
+        if isinstance(event, dict) and event.get("phase") == "start" and "error" not in event
+    )
 
 
 def _node_settings(workload: str, base_dir: Path) -> dict[str, str]:
@@ -327,6 +365,9 @@ def run(config: RunConfig, *, progress: Callable[[str], None] = print) -> dict[s
 
 async def _run(config: RunConfig, progress: Callable[[str], None]) -> dict[str, Any]:
     started_wall = time.time()
+    refused = refusal(config.nemesis, size=config.nodes, duration_s=config.time_s)
+    if refused is not None:
+        raise RunRefused(refused)
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(
@@ -348,10 +389,7 @@ async def _run(config: RunConfig, progress: Callable[[str], None]) -> dict[str, 
     progress(f"cluster of {config.nodes} nodes: {mechanism_note}")
     try:
         if needs_partitions(config.nemesis) and not cluster.partitions_available:
-            raise RunRefused(
-                f"nemesis {config.nemesis!r} needs partitions, and {mechanism_note}; "
-                "run it as root where `ip netns` and nftables work, or pick kill, pause, clock"
-            )
+            raise RunRefused(_partitions_refusal(config, mechanism_note, root=os.geteuid() == 0))
         windows = schedule(
             config.nemesis,
             seed=config.seed,
@@ -464,6 +502,9 @@ async def _drive(
     )
     # A matrix stops after a run that SIGTERM shortened rather than going on to the next.
     results["stopped_by"] = state.stopped_by
+    warning = no_fault_warning(config.nemesis, results["faults"])
+    if warning is not None:
+        progress(f"warning: {warning}")
     (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     from xr_jepsen.report import write_report
 
@@ -473,6 +514,30 @@ async def _drive(
         f"{liveness['ok']}); {results['ops']['total']} ops; report {run_dir / 'report.html'}"
     )
     return results
+
+
+def no_fault_warning(nemesis: str, faults: int) -> str | None:
+    """What to say of a run whose nemesis (other than `none`) injected no fault: its verdict is
+    reported under the nemesis's name, yet tested nothing of it."""
+    if nemesis == "none" or faults > 0:
+        return None
+    return f"nemesis {nemesis} injected no fault in this run: the verdict says nothing about it"
+
+
+def _partitions_refusal(config: RunConfig, mechanism_note: str, *, root: bool) -> str:
+    """Why a partition nemesis cannot run on a cluster without partitions, and what would make
+    it run: namespaces (unless refused with --no-namespaces; as root unless already), or
+    partitions made inside the nodes (--fault-transport)."""
+    if not config.namespaces:
+        remedy = "drop --no-namespaces"
+    elif root:
+        remedy = "make `ip netns` and nftables work here"
+    else:
+        remedy = "run it as root where `ip netns` and nftables work"
+    return (
+        f"nemesis {config.nemesis!r} needs partitions, and {mechanism_note}; {remedy}, or add "
+        "--fault-transport (message drops inside the nodes), or pick kill, pause, clock"
+    )
 
 
 def _stop_on_signals(loop: asyncio.AbstractEventLoop, state: _Run) -> None:
@@ -511,6 +576,7 @@ def _results(
     clients = [op for op in ops if op.process >= 0 and op.type != "invoke"]
     counts = Counter(op.type for op in clients)
     nemesis_events = [op.value for op in ops if op.process < 0]
+    faults = faults_injected(nemesis_events)
     return {
         "workload": config.workload,
         "nemesis": config.nemesis,
@@ -540,6 +606,7 @@ def _results(
             "info": counts["info"],
         },
         "nemesis_events": nemesis_events,
+        "faults": faults,
         "safety": check["valid"],
         "liveness": liveness,
         "verdict": verdict_of(check["valid"], bool(liveness["ok"])),

@@ -24,7 +24,7 @@ from xr_jepsen.checkers import (
     register,
 )
 from xr_jepsen.checkers.synthetic import lock_history, queue_history, set_history
-from xr_jepsen.history import Op, pair
+from xr_jepsen.history import HistoryError, Op, pair
 
 SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
 
@@ -94,6 +94,56 @@ def test_locks__an_accepted_token_no_acquire_returned_is_found(seed: int, rounds
     assert "unknown-token" in {item["kind"] for item in result.anomalies}
 
 
+@given(seed=SEEDS, rounds=st.integers(2, 20), data=st.data())
+def test_locks__a_token_granted_to_two_acquires_is_found(
+    seed: int, rounds: int, data: st.DataObject
+) -> None:
+    # Two holders with one token passed as valid: only strictly lower tokens were compared.
+    ops = lock_history(random.Random(seed), rounds=rounds)
+    again = data.draw(st.integers(2, rounds))
+    token, earlier = again * 10, (again - 1) * 10
+    acquires = [op.index for op in ops if op.f == "acquire" and op.type == "invoke"]
+    start = acquires[again - 1]
+    end = acquires[again] if again < rounds else len(ops)
+    # Round `again` is granted round `again - 1`'s token, and uses it.
+    broken = [
+        dataclasses.replace(op, value={**op.value, "token": earlier})
+        if start <= op.index < end and isinstance(op.value, dict) and op.value.get("token") == token
+        else op
+        for op in ops
+    ]
+    result = LockChecker().check(broken)
+    assert result.valid is False
+    assert {item["kind"] for item in result.anomalies} == {"duplicate-grant"}
+    assert result.anomalies[0]["ops"][0] == acquires[again - 2]
+
+
+@pytest.mark.parametrize("token", ["1", True, [1], {"n": 1}, 1.0, None])
+@pytest.mark.parametrize("where", ["acquire", "access"])
+def test_locks__a_token_that_is_not_an_integer_is_refused(token: Any, where: str) -> None:
+    # A string token was skipped (the history judged valid), and `true` counted as 1.
+    ops = lock_history(random.Random(1), rounds=2, info_fraction=0.0)
+    target = next(op for op in ops if op.f == where and op.type == "ok")
+    bad = dict(ops[target.index].value, token=token)
+    broken = list(ops)
+    broken[target.index] = dataclasses.replace(target, value=bad)
+    if where == "access":
+        # The token an access presents is its invoke's.
+        target = next(o.invoke for o in pair(ops) if o.completion == target)
+        broken[target.index] = dataclasses.replace(target, value=bad)
+    with pytest.raises(HistoryError, match=f"op {target.index}: {where} token must be an integer"):
+        LockChecker().check(broken)
+
+
+def test_locks__an_ok_acquire_without_a_token_is_refused() -> None:
+    ops = lock_history(random.Random(1), rounds=1, info_fraction=0.0)
+    target = next(op for op in ops if op.f == "acquire" and op.type == "ok")
+    broken = list(ops)
+    broken[target.index] = dataclasses.replace(target, value={"lock": "l"})
+    with pytest.raises(HistoryError, match=f"op {target.index}: an ok acquire must carry a token"):
+        LockChecker().check(broken)
+
+
 # Queue.
 
 
@@ -149,6 +199,90 @@ def test_queue__an_effect_superseded_by_a_rerun_is_not_an_anomaly() -> None:
     result = QueueChecker().check(rerun)
     assert result.valid is True, result.to_json()
     assert result.stats["reexecuted"] == 1
+    # Not "exactly once" without a word: the message says an effect was superseded.
+    assert "re-executions of 1 jobs superseded 1 earlier effects" in result.message
+
+
+def _with_job_ids(ops: Sequence[Op]) -> list[Op]:
+    """`ops` as the harness records them now: each completion and final entry names its job."""
+    changed = []
+    for op in ops:
+        if op.f == "complete" and isinstance(op.value, dict):
+            op = dataclasses.replace(op, value={**op.value, "job_id": f"id-{op.value['key']}"})
+        elif op.f == "read-final" and op.type == "ok":
+            value = {key: {**entry, "job_ids": [f"id-{key}"]} for key, entry in op.value.items()}
+            op = dataclasses.replace(op, value=value)
+        changed.append(op)
+    return changed
+
+
+@given(seed=SEEDS, jobs=st.integers(1, 30), in_final=st.booleans())
+def test_queue__a_key_served_by_two_jobs_is_found(seed: int, jobs: int, in_final: bool) -> None:
+    # A job enqueued twice whose second copy ran with a higher token passed as a re-execution.
+    rng = random.Random(seed)
+    ops = _with_job_ids(queue_history(rng, jobs=jobs, info_fraction=0.0))
+    assert QueueChecker().check(ops).valid is True
+    final = dict(final_read(ops).value)
+    key = rng.choice(sorted(final))
+    if in_final:
+        final[key] = {**final[key], "job_ids": [f"id-{key}", "other"]}
+        broken = with_final(ops, final)
+    else:
+        earlier = {"key": key, "token": final[key]["token"] - 1_000_000, "job_id": "other"}
+        broken = appended(ops, "complete", earlier, earlier, at=1)
+    result = QueueChecker().check(broken)
+    assert result.valid is False
+    assert [item["kind"] for item in result.anomalies] == ["duplicate-job"]
+    assert f"served by 2 jobs (id-{key}, other)" in result.anomalies[0]["message"]
+
+
+def _complete_with(token: Any, outcome: str) -> list[Op]:
+    value = {"key": "j1", "token": token}
+    return [
+        Op(index=0, type="invoke", f="enqueue", process=0, value="j1", time_ns=0),
+        Op(index=1, type="ok", f="enqueue", process=0, value="j1", time_ns=1),
+        Op(index=2, type="invoke", f="complete", process=1, value=value, time_ns=2),
+        Op(index=3, type=outcome, f="complete", process=1, value=value, time_ns=3),  # type: ignore[arg-type]
+    ]
+
+
+@pytest.mark.parametrize("token", [[1], {"n": 1}, True, "1", 1.5])
+@pytest.mark.parametrize("outcome", ["ok", "info", "fail"])
+def test_queue__a_token_that_is_not_an_integer_is_refused(token: Any, outcome: str) -> None:
+    # [1] was an unhashable-type traceback (exit 1, "anomaly found"); true counted as 1.
+    with pytest.raises(HistoryError, match="op 2: complete token must be an integer or null"):
+        QueueChecker().check(_complete_with(token, outcome))
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"state": "succeeded", "token": {"n": 1}}, "read-final token must be an integer"),
+        (
+            {"state": "succeeded", "token": 1, "job_ids": "a"},
+            "read-final job_ids must be a list of strings",
+        ),
+        (
+            {"state": "succeeded", "token": 1, "job_ids": [1]},
+            "read-final job_ids must be a list of strings",
+        ),
+    ],
+)
+def test_queue__a_bad_final_entry_is_refused(entry: dict[str, Any], words: str) -> None:
+    ops = _complete_with(1, "ok")
+    ops += [
+        Op(index=4, type="invoke", f="read-final", process=2, value=None, time_ns=4),
+        Op(index=5, type="ok", f="read-final", process=2, value={"j1": entry}, time_ns=5),
+    ]
+    with pytest.raises(HistoryError, match=f"op 5: {words}"):
+        QueueChecker().check(ops)
+
+
+def test_queue__a_job_id_that_is_not_a_string_is_refused() -> None:
+    ops = _complete_with(1, "ok")
+    ops[3] = dataclasses.replace(ops[3], value={"key": "j1", "token": 1, "job_id": 7})
+    with pytest.raises(HistoryError, match="op 3: complete job_id must be a string"):
+        QueueChecker().check(ops)
 
 
 def test_queue__without_a_final_read_is_unknown_unless_a_duplicate_shows() -> None:

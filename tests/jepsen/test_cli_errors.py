@@ -51,6 +51,23 @@ def _refused(answer: Result, exit_code: int, *words: str) -> None:
         (OP.replace('"value":1', '"value":1e999'), ["too large"]),
         (b"[" * 100_000 + b"\n", ["nested too deeply"]),
         (
+            # An unhashable token was a TypeError traceback and exit 1 ("anomaly found").
+            '{"index":0,"type":"invoke","f":"enqueue","process":0,"value":"j1","time_ns":0}\n'
+            '{"index":1,"type":"ok","f":"enqueue","process":0,"value":"j1","time_ns":1}\n'
+            '{"index":2,"type":"invoke","f":"complete","process":1,'
+            '"value":{"key":"j1","token":[1]},"time_ns":2}\n'
+            '{"index":3,"type":"ok","f":"complete","process":1,'
+            '"value":{"key":"j1","token":[1]},"time_ns":3}\n',
+            ["op 2", "token must be an integer or null"],
+        ),
+        (
+            '{"index":0,"type":"invoke","f":"acquire","process":0,"value":{"lock":"l"},'
+            '"time_ns":0}\n'
+            '{"index":1,"type":"ok","f":"acquire","process":0,'
+            '"value":{"lock":"l","token":"7"},"time_ns":1}\n',
+            ["op 1", "token must be an integer"],
+        ),
+        (
             OP.replace('"write"', '"cas"').replace("1,", '"x",')
             + OP.replace("invoke", "ok")
             .replace('"index":0', '"index":1')
@@ -68,6 +85,26 @@ def test_check__a_bad_history_is_a_one_line_usage_error(
     else:
         history.write_bytes(text)
     _refused(_invoke("check", str(history)), 2, "HISTORY", *words)
+
+
+@pytest.mark.parametrize(
+    ("history", "workload", "words"),
+    [
+        (None, "register", ["the history is empty"]),
+        (None, None, ["the history is empty"]),
+        ("register_sequential.valid.jsonl", "locks", ["no operation of the locks workload"]),
+        ("lock_fenced_handover.valid.jsonl", "queue", ["no operation of the queue workload"]),
+        ("queue_exactly_once.valid.jsonl", "set", ["no operation of the set workload (add)"]),
+    ],
+)
+def test_check__a_history_with_nothing_to_judge_is_not_valid(
+    tmp_path: Path, history: str | None, workload: str | None, words: list[str]
+) -> None:
+    # Both were exit 0 "valid": the checker found no anomaly among operations it never judged.
+    path = tmp_path / "history.jsonl"
+    path.write_text("" if history is None else (HISTORIES / history).read_text())
+    arguments = ["check", str(path)] + ([] if workload is None else ["--workload", workload])
+    _refused(_invoke(*arguments), 2, *words)
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -226,6 +263,79 @@ def test_run__a_dir_under_a_file_is_refused(tmp_path: Path, no_runs: list[Any]) 
     assert not no_runs
 
 
+def test_run__a_bad_setting_is_refused_before_the_run_dir_is_made(
+    tmp_path: Path, no_runs: list[Any]
+) -> None:
+    # The run directory was made first, and left behind empty.
+    _refused(_invoke(*RUN, "--set", "foo", "--dir", str(tmp_path / "run")), 2, "NAME=VALUE")
+    assert not (tmp_path / "run").exists()
+    assert not no_runs
+
+
+@pytest.mark.parametrize(
+    ("nemesis", "nodes", "time_s", "words"),
+    [
+        # No fault fits in 6 s: 2 s of quiet, 3 s of fault and 1 s of tail at the least.
+        ("pause", "3", "6", ["can inject no fault in 6 s", "--time over 6"]),
+        ("clock-jump", "1", "5.5", ["can inject no fault"]),
+        # On 1 or 2 nodes a partition cuts nothing off and a minority is the only node or half.
+        ("partition-one", "2", "30", ["needs at least 3 nodes"]),
+        ("kill", "1", "30", ["needs at least 3 nodes"]),
+        ("mixed", "2", "30", ["needs at least 3 nodes"]),
+    ],
+)
+def test_run__a_nemesis_that_could_inject_no_fault_is_refused(
+    tmp_path: Path, no_runs: list[Any], nemesis: str, nodes: str, time_s: str, words: list[str]
+) -> None:
+    # Such runs were reported valid under the nemesis's name with 0 faults.
+    run_dir = tmp_path / "run"
+    arguments = ("run", "--workload", "set", "--nemesis", nemesis, "--nodes", nodes)
+    _refused(_invoke(*arguments, "--time", time_s, "--dir", str(run_dir)), 2, *words)
+    assert not run_dir.exists()
+    assert not no_runs
+
+
+def test_matrix__a_time_too_short_for_any_fault_is_refused_before_any_run(
+    tmp_path: Path, no_runs: list[Any]
+) -> None:
+    arguments = ("matrix", "--workloads", "set,locks", "--nemeses", "pause,clock-jump")
+    answer = _invoke(*arguments, "--nodes", "3", "--time", "6", "--dir", str(tmp_path / "m"))
+    _refused(answer, 2, "'pause' can inject no fault in 6 s")
+    assert not (tmp_path / "m").exists()
+    assert not no_runs
+
+
+def test_run__clock_faults_on_one_node_are_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configs: list[Any] = []
+
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        configs.append(config)
+        return _run_results(faults=1)
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    arguments = ("run", "--workload", "locks", "--nemesis", "clock-jump", "--nodes", "1")
+    answer = _invoke(*arguments, "--time", "10", "--dir", str(tmp_path / "run"))
+    assert answer.exit_code == 0, answer.output
+    assert [(config.nemesis, config.nodes) for config in configs] == [("clock-jump", 1)]
+
+
+@pytest.mark.parametrize(("verdict", "exit_code"), [("valid", 143), ("invalid", 1)])
+def test_run__stopped_by_sigterm_exits_143_unless_an_anomaly_was_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verdict: str, exit_code: int
+) -> None:
+    # A run SIGTERM cut short exited 0 "valid", as if it had run its whole time.
+    def run(config: Any, **_: Any) -> dict[str, Any]:
+        return _run_results(verdict, stopped_by="SIGTERM", command="xr-jepsen run")
+
+    monkeypatch.setattr(xr_jepsen.runner, "run", run)
+    answer = _invoke(*RUN, "--dir", str(tmp_path / "run"))
+    assert answer.exit_code == exit_code, answer.output
+    assert f"stopped early by SIGTERM; verdict on what ran: {verdict}" in answer.output
+    assert '"stopped_by": "SIGTERM"' in answer.output
+
+
 def test_run__a_cluster_that_does_not_start_is_a_one_line_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -287,10 +397,16 @@ def test_matrix__a_dir_with_earlier_runs_is_refused_before_any_run(
 
 
 def _run_results(verdict: str = "valid", **changes: Any) -> dict[str, Any]:
-    return {"ops": {"total": 10, "info": 0}, "anomalies": 0, "verdict": verdict, **changes}
+    return {
+        "ops": {"total": 10, "info": 0},
+        "faults": 2,
+        "anomalies": 0,
+        "verdict": verdict,
+        **changes,
+    }
 
 
-MATRIX = ("matrix", "--workloads", "register,set", "--nemeses", "kill,pause", "--time", "1")
+MATRIX = ("matrix", "--workloads", "register,set", "--nemeses", "kill,pause", "--time", "10")
 
 
 def _matrix(runs_dir: Path) -> dict[str, Any]:
@@ -323,6 +439,8 @@ def test_matrix__writes_matrix_json_after_every_run(
         "set/pause",
     ]
     assert "run 4 of 4" in answer.output
+    assert final["rows"][0]["faults"] == 2
+    assert answer.output.splitlines()[-6].split()[:4] == ["RUN", "OPS", "INFO", "FAULTS"]
     assert not [path for path in runs_dir.iterdir() if path.name.startswith(".")]
 
 

@@ -129,7 +129,7 @@ def test_run__partitions_without_namespaces__are_refused_clearly(tmp_path: Path)
     config = RunConfig(
         workload="register",
         nemesis="partition-ring",
-        time_s=5,
+        time_s=10,
         run_dir=tmp_path / "run",
         namespaces=False,
     )

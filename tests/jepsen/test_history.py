@@ -157,6 +157,9 @@ def test_pair__matches_completions_to_invokes_of_the_same_process() -> None:
         ([op(0, "ok", 1)], "no outstanding invoke"),
         ([op(0, "invoke", 1), op(1, "invoke", 1)], "invokes again"),
         ([op(0, "invoke", 1), op(1, "ok", 1, f="write")], "differs"),
+        # A client read on the nemesis's process was skipped, never judged.
+        ([op(0, "invoke", 1), op(1, "invoke", NEMESIS_PROCESS)], "go together"),
+        ([op(0, "invoke", 1, f="nemesis")], "not process 1 with f 'nemesis'"),
     ],
 )
 def test_pair__rejects_a_history_that_does_not_pair_up(ops: list[Op], message: str) -> None:

@@ -7,9 +7,22 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from xr_jepsen.db import Cluster, clock_rule
-from xr_jepsen.nemesis import NEMESES, PARTITION_SHAPES, Fault, Nemesis, grudge, schedule
+from xr_jepsen.nemesis import (
+    FAULT_S_MIN,
+    NEMESES,
+    PARTITION_SHAPES,
+    QUIET_S_MIN,
+    TAIL_S,
+    Fault,
+    Nemesis,
+    grudge,
+    refusal,
+    schedule,
+)
 from xr_jepsen.net import NFT_TABLE, grudge_rules, heal_rules
 
 RUN_S = 120.0
@@ -33,6 +46,32 @@ def test_schedule__windows_are_ordered_and_end_before_the_run(nemesis: str) -> N
         assert previous_end_s < window.start_s < window.end_s < RUN_S
         assert window.fault.heal_step, "every fault names the step that heals it"
         previous_end_s = window.end_s
+
+
+@given(
+    nemesis=st.sampled_from([name for name in NEMESES if name != "none"]),
+    seed=st.integers(0, 2**32),
+    duration_s=st.floats(1, 30),
+)
+def test_refusal__refuses_exactly_the_times_whose_schedule_has_no_fault(
+    nemesis: str, seed: int, duration_s: float
+) -> None:
+    # The bound holds for every seed: at most QUIET_S_MIN + FAULT_S_MIN + TAIL_S, no window.
+    refused = refusal(nemesis, size=3, duration_s=duration_s)
+    if refused is not None:
+        assert "can inject no fault" in refused
+        assert schedule(nemesis, seed=seed, duration_s=duration_s, size=3) == []
+    else:
+        assert duration_s > QUIET_S_MIN + FAULT_S_MIN + TAIL_S == 6.0
+
+
+@pytest.mark.parametrize("nemesis", NEMESES)
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_refusal__needs_three_nodes_but_for_clock_faults(nemesis: str, size: int) -> None:
+    refused = refusal(nemesis, size=size, duration_s=RUN_S)
+    assert (refused is not None) is (size < 3 and nemesis not in ("none", "clock", "clock-jump"))
+    if refused is not None:
+        assert f"needs at least 3 nodes (--nodes {size})" in refused
 
 
 def test_schedule__mixed_draws_every_kind_of_fault() -> None:
@@ -216,6 +255,24 @@ def test_nemesis__each_fault_is_undone_by_its_heal(
     assert nemesis.heal() is not None
     assert fake.calls == healed
     assert nemesis.heal() is None
+
+
+@pytest.mark.parametrize(
+    ("shape", "named"),
+    [
+        # partition-one said "on n0,n1,n2": every node with a drop rule.
+        ("one", ["n2"]),
+        ("leader", ["n1"]),
+        ("halves", ["n2", "n4"]),
+        ("bridge", ["n0", "n2", "n3", "n4"]),
+    ],
+)
+def test_nemesis__a_partition_names_the_nodes_it_cuts_off(shape: str, named: list[str]) -> None:
+    nemesis = Nemesis(cast(Cluster, _FakeCluster(size=5)))
+    started = nemesis.start(Fault(kind="partition", shape=shape, nodes=(2, 4, 1, 0, 3)))
+    assert started["nodes"] == named
+    healed = nemesis.heal()
+    assert healed is not None and healed["nodes"] == named
 
 
 def test_nemesis__heal_all_leaves_every_node_running_and_true() -> None:

@@ -16,7 +16,13 @@ such pair is enough: if no pair is ordered the wrong way, accepting each token g
 invoke among it and the lower groups is a non-decreasing order).
 
 Also anomalies: an accepted access whose token no acquire returned (ok, or info carrying a value),
-and an acquire granted a lower token than an acquire that completed before it was invoked.
+an acquire granted a lower token than an acquire that completed before it was invoked, and two
+`ok` acquires (distinct operations) granted the same token for one lock. The workload grants a
+fresh session inside each acquire, so two such acquires are two grants, and a token that fences
+off nobody (`duplicate-grant`).
+
+A token is an integer (not a boolean). An `ok` acquire or access without one, or a token of any
+other type, is a malformed history: `check` raises HistoryError (a ValueError) naming the op.
 """
 
 from __future__ import annotations
@@ -26,15 +32,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from xr_jepsen.checkers.base import CheckResult, anomaly, client_operations, smallest_window
-from xr_jepsen.history import Op, Operation
+from xr_jepsen.history import HistoryError, Op, Operation
 
 __all__ = ["LockChecker"]
 
 
-def _lock_and_token(value: Any) -> tuple[str, int] | None:
-    if isinstance(value, dict) and isinstance(value.get("token"), int):
-        return str(value.get("lock")), int(value["token"])
-    return None
+def _lock_and_token(op: Op, *, required: bool) -> tuple[str, int] | None:
+    """The (lock, token) that `op`'s value carries, None when it carries no token and none is
+    `required`; HistoryError for a token that is not an integer, or a missing required one."""
+    value = op.value
+    if not isinstance(value, dict) or "token" not in value:
+        if required:
+            raise HistoryError(f"an {op.type} {op.f} must carry a token", index=op.index)
+        return None
+    token = value["token"]
+    if not isinstance(token, int) or isinstance(token, bool):
+        raise HistoryError(f"{op.f} token must be an integer, not {token!r}", index=op.index)
+    return str(value.get("lock")), token
 
 
 class LockChecker:
@@ -52,24 +66,25 @@ class LockChecker:
         for operation in operations:
             completion = operation.completion
             if operation.f == "acquire" and completion is not None and completion.type != "fail":
-                found = _lock_and_token(completion.value)
+                found = _lock_and_token(completion, required=completion.type == "ok")
                 if found is not None:
                     granted.setdefault(found[0], set()).add(found[1])
                     if completion.type == "ok":
                         acquires.setdefault(found[0], []).append((operation, found[1]))
             elif operation.f == "access" and operation.type == "ok":
-                found = _lock_and_token(operation.invoke.value)
+                assert completion is not None
+                found = _lock_and_token(operation.invoke, required=False)
                 if found is None:
-                    assert completion is not None
-                    found = _lock_and_token(completion.value)
-                if found is not None:
-                    accesses.setdefault(found[0], []).append((operation, found[1]))
+                    found = _lock_and_token(completion, required=True)
+                assert found is not None
+                accesses.setdefault(found[0], []).append((operation, found[1]))
         anomalies: list[dict[str, Any]] = []
         for lock in sorted(accesses):
             anomalies += _unexpected_tokens(lock, accesses[lock], granted.get(lock, set()))
             anomalies += _out_of_order(lock, accesses[lock], "access")
         for lock in sorted(acquires):
             anomalies += _out_of_order(lock, acquires[lock], "acquire")
+            anomalies += _duplicate_grants(lock, acquires[lock])
         valid = not anomalies
         accepted = sum(len(items) for items in accesses.values())
         return CheckResult(
@@ -105,6 +120,26 @@ def _unexpected_tokens(
         for operation, token in accesses
         if token not in granted
     ]
+
+
+def _duplicate_grants(lock: str, acquires: list[tuple[Operation, int]]) -> list[dict[str, Any]]:
+    """Each `ok` acquire granted a token an earlier `ok` acquire of the lock was granted too
+    (one anomaly per later grant, naming the first)."""
+    first: dict[int, Operation] = {}
+    anomalies: list[dict[str, Any]] = []
+    for operation, token in sorted(acquires, key=lambda item: item[0].invoke.index):
+        earlier = first.setdefault(token, operation)
+        if earlier is not operation:
+            anomalies.append(
+                anomaly(
+                    "duplicate-grant",
+                    f"lock {lock!r}: acquire ops {earlier.invoke.index} and "
+                    f"{operation.invoke.index} were both granted token {token}",
+                    [*earlier.indices, *operation.indices],
+                    lock=lock,
+                )
+            )
+    return anomalies
 
 
 def _out_of_order(lock: str, items: list[tuple[Operation, int]], what: str) -> list[dict[str, Any]]:

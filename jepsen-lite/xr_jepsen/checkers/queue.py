@@ -5,18 +5,28 @@ Operations:
 - `enqueue`: value is the job's unique key (a string); ok = acknowledged (its value may be
   {"key": ..., "job_id": ...}), fail = definitely not enqueued, info = maybe.
 - `complete`: recorded by the protected resource the jobs write to; ok value {"key": k,
-  "token": t} when the resource accepted the attempt with fencing token t; fail = rejected.
-- `read-final`: ok value {key: {"state": "succeeded" | ..., "token": int | null}}, the system's
-  final word on every job (the last such read counts).
+  "token": t, "job_id": j} when the resource accepted the attempt with fencing token t of job j;
+  fail = rejected.
+- `read-final`: ok value {key: {"state": "succeeded" | ..., "token": int | null, "job_ids":
+  [j, ...]}}, the system's final word on every job (the last such read counts): the state and
+  token of the key's job, and the ids of every job the system holds under that key.
+`job_id` and `job_ids` may be absent (histories recorded before they were); then a key's jobs
+cannot be told apart and `duplicate-job` is not judged. A token is an integer (not a boolean) or
+null, a job id a string: any other type is a malformed history, and `check` raises HistoryError
+(a ValueError) naming the op.
 
 What exactly-once means with a fenced resource: an attempt may take effect and then lose its
 lease before its completion commits (its region died a moment too soon); the job then runs again
 with a higher token, and the resource, which only accepts tokens at least as high as the last it
-accepted, keeps the new effect. Such superseded effects are counted (`reexecuted`), not flagged.
+accepted, keeps the new effect. Such superseded effects are counted (`reexecuted`: the jobs that
+ran again; `superseded`: their effects the newer ones replaced), not flagged. The same key
+served by two jobs is another matter: the enqueue itself was applied twice.
 Anomalies:
 - lost: an enqueue acknowledged before the final read began that is not succeeded in the final
   read, or whose key the resource never accepted;
 - duplicate: the same token accepted twice for a key (one attempt's effect counted twice);
+- duplicate-job: a key served by two or more job ids, in accepted completions or in the final
+  read (an enqueue applied twice, each copy running to its own effect);
 - fencing: for a key, the resource accepted a token lower than one it had already accepted (a
   zombie attempt took effect after its successor);
 - stale: an accepted token higher than the final succeeded attempt's (the resource's last word
@@ -25,8 +35,8 @@ Anomalies:
   attempt is of unknown outcome (it succeeded without its effect);
 - unexpected: a completion or a final succeeded job for a key that was never enqueued (a failed
   enqueue did not happen). An info enqueue may or may not show up.
-Without a final read only duplicate, fencing and unexpected completions can be judged: the
-verdict is False if one is found, else "unknown".
+Without a final read only duplicate, duplicate-job, fencing and unexpected completions can be
+judged: the verdict is False if one is found, else "unknown".
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from xr_jepsen.checkers.base import CheckResult, Valid, anomaly, client_operations, smallest_window
-from xr_jepsen.history import Op, Operation
+from xr_jepsen.history import HistoryError, Op, Operation
 
 __all__ = ["QueueChecker"]
 
@@ -47,6 +57,38 @@ def _job_key(value: Any) -> str | None:
     if isinstance(value, dict) and isinstance(value.get("key"), str):
         return str(value["key"])
     return None
+
+
+def _token(op: Op, value: Any) -> int | None:
+    """The token in `value` (None when it has none); HistoryError for one of another type."""
+    token = value.get("token") if isinstance(value, dict) else None
+    if token is not None and (not isinstance(token, int) or isinstance(token, bool)):
+        raise HistoryError(
+            f"{op.f} token must be an integer or null, not {token!r}", index=op.index
+        )
+    return token
+
+
+def _job_ids(op: Op, value: Any, field: str) -> list[str]:
+    """The job id(s) in `value`'s `field` ("job_id": one, "job_ids": a list), [] when absent;
+    HistoryError for ids that are not strings."""
+    found = value.get(field) if isinstance(value, dict) else None
+    if found is None:
+        return []
+    ids = found if field == "job_ids" else [found]
+    if not isinstance(ids, list) or not all(isinstance(job_id, str) for job_id in ids):
+        kind = "a list of strings" if field == "job_ids" else "a string"
+        raise HistoryError(f"{op.f} {field} must be {kind}, not {found!r}", index=op.index)
+    return ids
+
+
+def _final_entries(op: Op) -> dict[str, Any]:
+    """The final read's entries, their tokens and job ids checked."""
+    read = op.value if isinstance(op.value, dict) else {}
+    for entry in read.values():
+        _token(op, entry)
+        _job_ids(op, entry, "job_ids")
+    return read
 
 
 class QueueChecker:
@@ -62,6 +104,8 @@ class QueueChecker:
         attempted: set[str] = set()
         accepted: dict[str, list[tuple[Operation, Any]]] = {}
         maybe_accepted: set[tuple[str, Any]] = set()
+        # key -> job id -> the accepted completions of that job.
+        served: dict[str, dict[str, list[Operation]]] = {}
         final: Operation | None = None
         for operation in operations:
             if operation.f == "enqueue":
@@ -71,18 +115,29 @@ class QueueChecker:
                 attempted.add(key)
                 if operation.type == "ok":
                     acknowledged.setdefault(key, operation)
-            elif operation.f == "complete" and operation.type == "ok":
-                value = operation.value
-                key = _job_key(value) or _job_key(operation.invoke.value)
-                token = value.get("token") if isinstance(value, dict) else None
-                if key is not None:
-                    accepted.setdefault(key, []).append((operation, token))
-            elif operation.f == "complete" and operation.type == "info":
-                value = operation.invoke.value
-                key = _job_key(value)
-                if key is not None and isinstance(value, dict):
-                    maybe_accepted.add((key, value.get("token")))
+            elif operation.f == "complete":
+                for op in (operation.invoke, operation.completion):
+                    if op is not None:
+                        _token(op, op.value)
+                        _job_ids(op, op.value, "job_id")
+                if operation.type == "ok":
+                    assert operation.completion is not None
+                    value = operation.value
+                    key = _job_key(value) or _job_key(operation.invoke.value)
+                    if key is not None:
+                        accepted.setdefault(key, []).append(
+                            (operation, _token(operation.completion, value))
+                        )
+                        for job_id in _job_ids(operation.completion, value, "job_id"):
+                            served.setdefault(key, {}).setdefault(job_id, []).append(operation)
+                elif operation.type == "info":
+                    value = operation.invoke.value
+                    key = _job_key(value)
+                    if key is not None and isinstance(value, dict):
+                        maybe_accepted.add((key, value.get("token")))
             elif operation.f == "read-final" and operation.type == "ok":
+                assert operation.completion is not None
+                _final_entries(operation.completion)
                 final = operation
         anomalies: list[dict[str, Any]] = []
         for key in sorted(accepted):
@@ -118,6 +173,9 @@ class QueueChecker:
                         )
                     if highest is None or token > highest[0]:
                         highest = (token, operation)
+        anomalies += _duplicate_jobs(served, final)
+        reexecuted = sum(len({token for _, token in items}) > 1 for items in accepted.values())
+        superseded = sum(len({token for _, token in items}) - 1 for items in accepted.values())
         if final is None:
             valid: Valid = False if anomalies else "unknown"
             message = "no final read" + (f"; {len(anomalies)} anomalies" if anomalies else "")
@@ -126,11 +184,15 @@ class QueueChecker:
                 final, acknowledged, attempted, accepted, maybe_accepted
             )
             valid = not anomalies
-            message = (
-                f"{len(acknowledged)} acknowledged jobs each completed exactly once"
-                if valid
-                else f"{len(anomalies)} anomalies"
-            )
+            message = f"{len(anomalies)} anomalies"
+            if valid:
+                message = f"{len(acknowledged)} acknowledged jobs each completed exactly once"
+            if valid and reexecuted:
+                message += (
+                    f", counting each job's last effect; re-executions of {reexecuted} jobs "
+                    f"superseded {superseded} earlier effects with higher tokens, as fencing "
+                    "allows"
+                )
         return CheckResult(
             checker=self.name,
             valid=valid,
@@ -141,9 +203,8 @@ class QueueChecker:
                 "acknowledged": len(acknowledged),
                 "attempted": len(attempted),
                 "accepted_completions": sum(len(items) for items in accepted.values()),
-                "reexecuted": sum(
-                    len({token for _, token in items}) > 1 for items in accepted.values()
-                ),
+                "reexecuted": reexecuted,
+                "superseded": superseded,
                 "final_read": final is not None,
                 "elapsed_s": time.perf_counter() - started_s,
             },
@@ -231,3 +292,34 @@ class QueueChecker:
                     )
                 )
         return anomalies
+
+
+def _duplicate_jobs(
+    served: dict[str, dict[str, list[Operation]]], final: Operation | None
+) -> list[dict[str, Any]]:
+    """One anomaly per key that two or more job ids served, in accepted completions or in the
+    final read."""
+    in_final: dict[str, list[str]] = {}
+    if final is not None and final.completion is not None:
+        for key, entry in _final_entries(final.completion).items():
+            in_final[key] = _job_ids(final.completion, entry, "job_ids")
+    anomalies: list[dict[str, Any]] = []
+    for key in sorted(set(served) | set(in_final)):
+        by_job = served.get(key, {})
+        job_ids = sorted({*by_job, *in_final.get(key, [])})
+        if len(job_ids) < 2:
+            continue
+        indices = [index for items in by_job.values() for item in items for index in item.indices]
+        if len(in_final.get(key, [])) > 1 or not indices:
+            assert final is not None
+            indices += final.indices
+        anomalies.append(
+            anomaly(
+                "duplicate-job",
+                f"job {key!r} was served by {len(job_ids)} jobs ({', '.join(job_ids)}): an "
+                "enqueue applied more than once",
+                indices,
+                key=key,
+            )
+        )
+    return anomalies

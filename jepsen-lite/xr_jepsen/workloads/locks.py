@@ -6,7 +6,8 @@ loses its lock when the session expires, which is what fencing is for) and waits
 queue. The protected resource (`resource.FencedResource`, in the harness) accepts a token unless
 it has accepted a higher one for the lock; `access` is `ok` when it accepts, `fail` when it
 rejects the token as stale. The checkers verify that the resource is fenced (a token it accepts
-is never older than one it accepted before) and that no lease ended before its TTL.
+is never older than one it accepted before, and no token is granted to two acquires) and that no
+lease ended before its TTL.
 """
 
 from __future__ import annotations

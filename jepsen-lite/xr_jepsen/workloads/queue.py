@@ -4,9 +4,10 @@ its completion with its attempt's fencing token to a protected resource in the h
 `enqueue` submits a job named by a unique key (entrypoint `queue_job:run`); `ok` once the
 cluster stored it. The resource records a `complete` for every completion it receives (`ok` when
 it accepts the token). After the cluster heals, `read-final` waits for every job to finish and
-reads each job's state and the token of the attempt that completed it. The checker verifies that
-no acknowledged job is lost, each finished job was completed, and no stale attempt's completion
-was accepted after a newer one's.
+reads each job's state and the token of the attempt that completed it, with the ids of every job
+of that name. The checker verifies that no acknowledged job is lost, each finished job was
+completed, no stale attempt's completion was accepted after a newer one's, and no key was served
+by two jobs (an enqueue applied twice).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class QueueWorkload:
             for summary in summaries:
                 job = await client.jobs.get(summary.job_id)
                 if job is not None:
-                    states[job.name] = {"state": job.state, "token": _completing_token(job)}
+                    _add_job(states, job)
         except XrError as error:
             return outcome_of(error, read=True)
         return Completion(type="ok", value=states)
@@ -106,6 +107,20 @@ async def _all_jobs(client: AsyncClient) -> list[Any]:
         if page.next is None:
             return jobs
         after = page.next
+
+
+def _add_job(states: dict[str, Any], job: Job) -> None:
+    """Adds `job` to the final read's entry for its name: `{"state", "token", "job_ids"}`. Every
+    job of a name is kept in `job_ids` (two jobs of one name are an enqueue applied twice, which
+    the checker flags); state and token are the first succeeded one's, else the first one's."""
+    entry = {"state": job.state, "token": _completing_token(job)}
+    known = states.get(job.name)
+    if known is None:
+        states[job.name] = {**entry, "job_ids": [job.job_id]}
+        return
+    known["job_ids"].append(job.job_id)
+    if known["state"] != "succeeded" and job.state == "succeeded":
+        known.update(entry)
 
 
 def _completing_token(job: Job) -> int | None:
