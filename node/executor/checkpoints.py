@@ -6,6 +6,8 @@ SHA-256, and a chunk that is already stored is not written again, so weights tha
 since the last checkpoint cost nothing (`SavedCheckpoint.bytes_written` says what was new). A small
 manifest names the chunks, each array's dtype and shape, the step, the attempt's fencing token (also
 in the manifest's name, so attempts never overwrite each other) and a digest of its own contents.
+An attempt never replaces a manifest it wrote either: `save` refuses a step it wrote before
+(`CheckpointExists`), as the log may name that manifest with its checksum.
 
 Layout of `FileCheckpointStore(root, area=tenant_area(tenant))`, a directory every region
 reaches, one area per tenant:
@@ -72,6 +74,7 @@ __all__ = [
     "META_BYTES_MAX",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointExists",
     "CheckpointInfo",
     "CheckpointStore",
     "CheckpointTooLarge",
@@ -112,6 +115,10 @@ class CheckpointError(Exception):
 
 class CorruptCheckpoint(CheckpointError):
     """A checkpoint's manifest or one of its chunks is missing, or does not match its hash."""
+
+
+class CheckpointExists(CheckpointError, ValueError):
+    """A checkpoint at this step of this attempt is written already (`save` never replaces)."""
 
 
 class CheckpointTooLarge(CheckpointError, ValueError):
@@ -291,6 +298,14 @@ class FileCheckpointStore:
             raise ValueError(f"bad checkpoint position: step {step}, token {token}")
         host_arrays = _check_arrays(arrays)
         meta_object = _check_meta(meta)
+        uri = self._uri(job_id, task_index, step, token)
+        if (self.root / uri).exists():
+            # The log may name that manifest with its checksum: replacing it would make the
+            # committed checkpoint fail its check (and a restore fall back to an older one).
+            raise CheckpointExists(
+                f"the checkpoint at step {step} of the attempt with token {token} is written "
+                "already; a checkpoint is never replaced"
+            )
         entries: dict[str, _ArrayEntry] = {}
         stored: dict[str, int] = {}  # chunk digest -> size, each chunk counted once
         chunk_bytes_written = 0
@@ -318,7 +333,6 @@ class FileCheckpointStore:
             arrays=entries,
         )
         data = msgspec.json.encode(msgspec.structs.replace(manifest, digest=_digest(manifest)))
-        uri = self._uri(job_id, task_index, step, token)
         _write_atomically(self.root / uri, data)
         return SavedCheckpoint(
             uri=uri,
@@ -546,10 +560,21 @@ def _check_arrays(arrays: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
                 f"array names must be non-empty strings of at most {ARRAY_NAME_BYTES_MAX} bytes, "
                 f"got {name!r:.80}"
             )
+        if isinstance(array, np.ma.MaskedArray):
+            # np.asarray keeps the data and drops the mask: refused rather than changed.
+            raise ValueError(
+                f"array {name!r} is a masked array, whose mask a checkpoint would lose; store "
+                "its data and its mask (numpy.ma.getmaskarray) as two arrays"
+            )
         converted = np.asarray(to_numpy(array), order="C")
         if converted.dtype.hasobject or converted.dtype.fields is not None:
             raise ValueError(
                 f"array {name!r} has dtype {converted.dtype}; checkpoints hold arrays of numbers"
+            )
+        if converted.dtype.itemsize == 0:
+            # NumPy cannot make such an array from bytes again: every restore would fail.
+            raise ValueError(
+                f"array {name!r} has dtype {converted.dtype}, whose elements have no bytes"
             )
         total_bytes += converted.nbytes
         if total_bytes > CHECKPOINT_BYTES_MAX:
@@ -573,6 +598,7 @@ def _check_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     try:
         # The standard encoder first, for what msgspec would change silently rather than refuse:
         # NaN and infinities (written as null) and bytes (written as base64 text).
+        _check_keys(meta)
         json.dumps(dict(meta), allow_nan=False)
         encoded = msgspec.json.encode(dict(meta))
     except (TypeError, ValueError, OverflowError, RecursionError) as error:
@@ -586,6 +612,19 @@ def _check_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     # Decoded again so that what is stored is exactly what a restore will see.
     decoded: dict[str, Any] = msgspec.json.decode(encoded)
     return decoded
+
+
+def _check_keys(value: Any) -> None:
+    """TypeError for a mapping key that is not a string, at any depth: JSON would turn it into
+    one (1 into "1"), and the restored meta would differ from what was given."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"keys must be strings, not {type(key).__name__} {key!r:.40}")
+            _check_keys(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_keys(item)
 
 
 def _pieces(array: np.ndarray[Any, Any]) -> Iterator[memoryview]:

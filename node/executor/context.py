@@ -11,9 +11,15 @@ Rules:
   the token means another attempt has taken over: `should_stop()` turns true and the function
   must return. A commit that merely did not happen (no quorum) is not a reason to stop: the job
   goes on computing and checkpoints again later.
-- `restore()` returns the committed checkpoint. If it is corrupt, the newest older checkpoint of
-  the same task that still verifies (its manifest digest and every chunk hash) is used instead,
-  and the log says which; when none verifies the task starts from scratch.
+- A checkpoint is written once and never replaced: a step no newer than the newest this
+  attempt knows committed (the log would refuse it), or one of this attempt's steps still
+  awaiting its answer, is not written and `checkpoint()` returns False at once. Writing it would
+  replace the manifest the log names (same step, same token), which would then fail its checksum.
+  Calls from several threads are taken one at a time.
+- `restore()` returns the newest committed checkpoint this attempt knows: the one the task was
+  claimed with, or one this attempt committed since. If it is corrupt, the newest older
+  checkpoint of the same task that still verifies (its manifest digest and every chunk hash) is
+  used instead, and the log says which; when none verifies the task starts from scratch.
 - After each commit, checkpoints of this task older than the last `KEEP_COMMITTED` committed ones
   are garbage-collected (never those of a newer attempt). A checkpoint whose answer did not come
   in time may still be committed later, until a newer one is (the log commits only newer steps).
@@ -35,7 +41,12 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from node.executor.arrays import array_module, to_numpy
-from node.executor.checkpoints import Checkpoint, CheckpointStore, CorruptCheckpoint
+from node.executor.checkpoints import (
+    Checkpoint,
+    CheckpointExists,
+    CheckpointStore,
+    CorruptCheckpoint,
+)
 from node.executor.protocol import (
     CheckpointAck,
     CheckpointSaved,
@@ -116,17 +127,20 @@ class JobContext:
         self._clock = clock
         self._ack_wait_s = ack_wait_s
         self._stop_reason: str | None = None
+        # One checkpoint at a time: each waits for its own answer.
+        self._checkpointing = threading.Lock()
         # Guards the checkpoint answers and the committed list, shared with the reader thread.
         self._acks = threading.Condition()
         self._outstanding: collections.deque[int] = collections.deque()
         self._answered: dict[int, CheckpointAck] = {}
         # The step `checkpoint()` is waiting on, if any.
         self._awaited: int | None = None
-        # Checkpoints whose answer did not come in time: step -> uri. Kept from garbage
-        # collection, since the log may still commit them.
-        self._unanswered: dict[int, str] = {}
-        # The newest committed checkpoints, step -> uri, at most KEEP_COMMITTED of them.
-        self._committed: dict[int, str] = {}
+        # Checkpoints whose answer did not come in time: step -> (uri, checksum). Kept from
+        # garbage collection, since the log may still commit them.
+        self._unanswered: dict[int, tuple[str, str]] = {}
+        # The newest committed checkpoints, step -> (uri, checksum or None when unknown), at
+        # most KEEP_COMMITTED of them.
+        self._committed: dict[int, tuple[str, str | None]] = {}
         self._last_progress_s = -math.inf
         self._pending_progress: Progress | None = None
 
@@ -159,16 +173,25 @@ class JobContext:
     # Restoring.
 
     def restore(self) -> dict[str, Any] | None:
-        """The committed checkpoint as `{"step", "arrays", "meta"}` (arrays on `xp`), an older
-        one that verifies if it is corrupt, or None to start from scratch."""
-        reference = self.task.checkpoint
-        if reference is None:
+        """The newest committed checkpoint as `{"step", "arrays", "meta"}` (arrays on `xp`):
+        the task's when the attempt began, or one this attempt committed since; an older one
+        that verifies if it is corrupt; or None to start from scratch."""
+        with self._acks:
+            newest = max(self._committed, default=None)
+            own = None if newest is None else self._committed[newest]
+        claimed = self.task.checkpoint
+        checksum: str | None
+        if claimed is not None and (newest is None or newest <= claimed.step):
+            step, uri, checksum = claimed.step, claimed.uri, claimed.checksum
+        elif newest is not None and own is not None:
+            step, (uri, checksum) = newest, own
+        else:
             return None
         try:
-            checkpoint = self._store.load(reference.uri, reference.checksum)
+            checkpoint = self._store.load(uri, checksum)
         except CorruptCheckpoint as error:
             self.logger.error("the committed checkpoint is unusable: %s", error)
-            fallback = self._fallback(reference.step)
+            fallback = self._fallback(step)
             if fallback is None:
                 self.logger.error("no older checkpoint of this task verifies: starting over")
                 return None
@@ -177,7 +200,8 @@ class JobContext:
                 "restoring the older checkpoint %s (step %d) instead", checkpoint.uri, fallback.step
             )
         with self._acks:
-            self._record_commit(checkpoint.step, checkpoint.uri)
+            verified = checksum if checkpoint.uri == uri else None
+            self._record_commit(checkpoint.step, checkpoint.uri, verified)
         self.logger.info("restored checkpoint %s (step %d)", checkpoint.uri, checkpoint.step)
         arrays = {name: self.xp.asarray(array) for name, array in checkpoint.arrays.items()}
         return {"step": checkpoint.step, "arrays": arrays, "meta": checkpoint.meta}
@@ -208,17 +232,57 @@ class JobContext:
             )
         if meta is not None and not isinstance(meta, Mapping):
             raise TypeError(f"meta must be a mapping or None, got {type(meta).__name__}")
+        with self._checkpointing:
+            return self._checkpoint(step, arrays, meta)
+
+    def _newest_committed_step(self) -> int | None:
+        """The newest step this attempt knows the log committed (its claim's, or its own)."""
+        claimed = self.task.checkpoint
+        steps = [*self._committed, *([claimed.step] if claimed is not None else [])]
+        return max(steps, default=None)
+
+    def _checkpoint(
+        self, step: int, arrays: Mapping[str, Any], meta: Mapping[str, Any] | None
+    ) -> bool:
         if self._stop_reason in ("superseded", "disconnected"):
             # Nothing this attempt writes could be committed any more.
             return False
-        saved = self._store.save(
-            self.job_id,
-            self.task_index,
-            step=step,
-            token=self.token,
-            arrays={name: to_numpy(array) for name, array in arrays.items()},
-            meta=meta or {},
-        )
+        with self._acks:
+            newest = self._newest_committed_step()
+            awaited = step in self._unanswered
+        if newest is not None and step <= newest:
+            self.logger.warning(
+                "checkpoint at step %d not written: step %d is committed, and only a newer step "
+                "can be",
+                step,
+                newest,
+            )
+            return False
+        if awaited:
+            self.logger.warning(
+                "checkpoint at step %d not written: this attempt's checkpoint at that step may "
+                "still be committed",
+                step,
+            )
+            return False
+        try:
+            saved = self._store.save(
+                self.job_id,
+                self.task_index,
+                step=step,
+                token=self.token,
+                arrays={name: to_numpy(array) for name, array in arrays.items()},
+                meta=meta or {},
+            )
+        except CheckpointExists:
+            # Written by this attempt before, and not committed then (no quorum): the log may
+            # still commit that one, so it stays as it is.
+            self.logger.warning(
+                "checkpoint at step %d not written: this attempt wrote that step before (its "
+                "commit failed, and the log may still take it); checkpoint a later step",
+                step,
+            )
+            return False
         with self._acks:
             self._outstanding.append(step)
             # Set before sending: the answer may arrive before this thread waits for it.
@@ -232,7 +296,7 @@ class JobContext:
         )
         if not self._send(message):
             return False
-        ack = self._wait_for_ack(step, saved.uri)
+        ack = self._wait_for_ack(step, saved.uri, saved.checksum)
         if ack is None:
             self.logger.warning(
                 "checkpoint at step %d not answered within %.0f s; going on", step, self._ack_wait_s
@@ -249,11 +313,11 @@ class JobContext:
             saved.bytes_written,
         )
         with self._acks:
-            self._record_commit(step, saved.uri)
+            self._record_commit(step, saved.uri, saved.checksum)
         self._collect_garbage()
         return True
 
-    def _wait_for_ack(self, step: int, uri: str) -> CheckpointAck | None:
+    def _wait_for_ack(self, step: int, uri: str, checksum: str) -> CheckpointAck | None:
         deadline_s = self._clock() + self._ack_wait_s
         with self._acks:
             while step not in self._answered:
@@ -265,7 +329,7 @@ class JobContext:
             self._awaited = None
             ack = self._answered.pop(step, None)
             if ack is None:
-                self._unanswered[step] = uri
+                self._unanswered[step] = (uri, checksum)
             return ack
 
     def _take_ack(self, ack: CheckpointAck) -> None:
@@ -280,17 +344,17 @@ class JobContext:
                 return
             if ack.ok is False and ack.superseded:
                 self.request_stop("superseded")
-            late_uri = self._unanswered.pop(step, None)
+            late = self._unanswered.pop(step, None)
             if step == self._awaited:
                 self._answered[step] = ack
                 self._acks.notify_all()
-            elif late_uri is not None and ack.ok:
+            elif late is not None and ack.ok:
                 self.logger.info("checkpoint at step %d was committed after all", step)
-                self._record_commit(step, late_uri)
+                self._record_commit(step, *late)
 
-    def _record_commit(self, step: int, uri: str) -> None:
+    def _record_commit(self, step: int, uri: str, checksum: str | None) -> None:
         """Notes a committed checkpoint; answers may come late, so order by step, not arrival."""
-        self._committed[step] = uri
+        self._committed[step] = (uri, checksum)
         for old in sorted(self._committed)[:-KEEP_COMMITTED]:
             del self._committed[old]
         # The log commits only newer steps, so an older checkpoint still unanswered never will
@@ -303,7 +367,7 @@ class JobContext:
 
     def _collect_garbage(self) -> None:
         with self._acks:
-            keep = [*self._committed.values(), *self._unanswered.values()]
+            keep = [uri for uri, _ in (*self._committed.values(), *self._unanswered.values())]
         try:
             collected = self._store.garbage_collect(
                 self.job_id, self.task_index, keep, token=self.token

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,20 @@ import pytest
 
 from node.executor import checkpoints
 from node.executor.checkpoints import (
+    CheckpointExists,
     CheckpointTooLarge,
     CorruptCheckpoint,
     FileCheckpointStore,
     SavedCheckpoint,
 )
 from node.executor.context import JobContext
-from node.executor.protocol import CheckpointRef, Message, TaskDescription
+from node.executor.protocol import (
+    CheckpointAck,
+    CheckpointRef,
+    CheckpointSaved,
+    Message,
+    TaskDescription,
+)
 
 JOB = "job-1"
 
@@ -429,3 +437,140 @@ def test_areas__an_unreadable_checkpoint_is_corrupt_to_the_restore_not_a_crash(
     (tmp_path / saved.uri).mkdir()  # reading it fails with an OSError other than "missing"
     with pytest.raises(CorruptCheckpoint, match="manifest cannot be read"):
         store.load(saved.uri, saved.checksum)
+
+
+# One attempt never replaces what it wrote (found by the job author's QA pass, session 31).
+
+
+class _Log:
+    """Stands in for the executor and the log: commits a checkpoint whose step is newer than the
+    last committed one (as `task.checkpoint` does), refuses the others as not newer, and
+    answers from a thread of its own a moment later, as the executor's answers arrive."""
+
+    def __init__(self, committed: CheckpointRef | None = None) -> None:
+        self.context: JobContext | None = None
+        self.committed = committed
+        self.commits: list[int] = []
+        self._lock = threading.Lock()
+
+    def send(self, message: Message) -> None:
+        if not isinstance(message, CheckpointSaved):
+            return
+        with self._lock:
+            newer = self.committed is None or message.step > self.committed.step
+            if newer:
+                self.committed = CheckpointRef(
+                    uri=message.uri, checksum=message.checksum, step=message.step
+                )
+                self.commits.append(message.step)
+        ack = CheckpointAck(
+            ok=newer,
+            error=None if newer else "job.invalid_argument: not newer",
+            superseded=False,
+            step=message.step,
+        )
+        assert self.context is not None
+        threading.Timer(0.05, self.context.handle, (ack,)).start()
+
+
+def _attempt(
+    root: Path, log: _Log, *, attempt: int = 1, token: int = 3, ack_wait_s: float = 5.0
+) -> JobContext:
+    task = TaskDescription(
+        job_id=JOB,
+        task_index=0,
+        attempt=attempt,
+        token=token,
+        workload="w",
+        checkpoint=log.committed,
+        checkpoint_dir=str(root),
+    )
+    context = JobContext(
+        task, sender=log, store=FileCheckpointStore(root), xp=np, ack_wait_s=ack_wait_s
+    )
+    log.context = context
+    return context
+
+
+def test_context__a_step_already_committed_is_not_written_again_and_the_next_attempt_restores_it(
+    tmp_path: Path,
+) -> None:
+    log = _Log()
+    context = _attempt(tmp_path, log)
+    assert context.checkpoint(10, {"a": np.array([10, 10])}, {"v": 10})
+    # Neither an older step nor the same step again is written: the second would have replaced
+    # the manifest the log names (same step, same token), and the next attempt, finding it
+    # fail its checksum, restored the older, never committed step 5.
+    assert not context.checkpoint(5, {"a": np.array([-5, -5])}, {"v": "never committed"})
+    assert not context.checkpoint(10, {"a": np.array([1, 1])}, {"v": 10, "again": True})
+    assert log.commits == [10]
+    names = [path.name for path in tmp_path.rglob("step-*.json")]
+    assert names == ["step-000000000010-token-3.json"]
+
+    restored = _attempt(tmp_path, log, attempt=2, token=4).restore()
+
+    assert restored is not None and restored["step"] == 10
+    assert restored["arrays"]["a"].tolist() == [10, 10] and restored["meta"] == {"v": 10}
+
+
+def test_context__checkpoints_from_several_threads_each_get_their_own_answer(
+    tmp_path: Path,
+) -> None:
+    log = _Log()
+    context = _attempt(tmp_path, log, ack_wait_s=3.0)
+    results: dict[int, bool] = {}
+
+    def checkpoint(step: int) -> None:
+        results[step] = context.checkpoint(step, {"a": np.full(1000, step)})
+
+    threads = [threading.Thread(target=checkpoint, args=(step,)) for step in (1, 2, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Each call says whether its own checkpoint was committed (with one answer awaited at a
+    # time, an answer for another step was dropped and its call said False after the wait).
+    assert sorted(step for step, committed in results.items() if committed) == log.commits
+    assert log.commits
+
+
+def test_context__restore_returns_what_this_attempt_committed_since_it_began(
+    tmp_path: Path,
+) -> None:
+    log = _Log()
+    context = _attempt(tmp_path, log)
+    assert context.restore() is None
+    assert context.checkpoint(5, {"a": np.arange(3)}, {"lr": 0.1})
+    restored = context.restore()
+    assert restored is not None and restored["step"] == 5
+    assert restored["arrays"]["a"].tolist() == [0, 1, 2] and restored["meta"] == {"lr": 0.1}
+
+
+def test_save__never_replaces_a_manifest_an_attempt_wrote(tmp_path: Path) -> None:
+    store = FileCheckpointStore(tmp_path)
+    first = save(store, 7, {"w": np.zeros(2)})
+    with pytest.raises(CheckpointExists, match="never replaced"):
+        save(store, 7, {"w": np.ones(2)})
+    assert store.load(first.uri, first.checksum).arrays["w"].tolist() == [0.0, 0.0]
+    # Another attempt (another token) writes its own.
+    save(store, 7, {"w": np.ones(2)}, token=2)
+
+
+@pytest.mark.parametrize(
+    ("values", "meta", "message"),
+    [
+        # NumPy cannot read such elements back from bytes: every restore failed.
+        ({"v": np.zeros(3, dtype="V0")}, {}, "no bytes"),
+        ({"m": np.ma.masked_array([1, 2], mask=[0, 1])}, {}, "masked array"),
+        # JSON turns the key into "1": what a restore gave back was not what was saved.
+        ({"w": np.zeros(1)}, {1: "a"}, "keys must be strings"),
+        ({"w": np.zeros(1)}, {"nested": [{None: 1}]}, "keys must be strings"),
+    ],
+)
+def test_save__refuses_what_it_could_not_give_back_as_given(
+    tmp_path: Path, values: dict[str, Any], meta: dict[Any, Any], message: str
+) -> None:
+    store = FileCheckpointStore(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        store.save(JOB, 0, step=1, token=1, arrays=values, meta=meta)
+    assert all_files(tmp_path) == []
