@@ -561,7 +561,7 @@ def test_save__never_replaces_a_manifest_an_attempt_wrote(tmp_path: Path) -> Non
     [
         # NumPy cannot read such elements back from bytes: every restore failed.
         ({"v": np.zeros(3, dtype="V0")}, {}, "no bytes"),
-        ({"m": np.ma.masked_array([1, 2], mask=[0, 1])}, {}, "masked array"),
+        ({"m": np.ma.masked_array([1, 2], mask=[False, True])}, {}, "masked array"),
         # JSON turns the key into "1": what a restore gave back was not what was saved.
         ({"w": np.zeros(1)}, {1: "a"}, "keys must be strings"),
         ({"w": np.zeros(1)}, {"nested": [{None: 1}]}, "keys must be strings"),
