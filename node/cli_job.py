@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from node.api.jobs import JOB_STATES
 from node.cli_common import (
     CommandFailed,
     FiniteFloatRange,
@@ -19,18 +20,17 @@ from node.cli_common import (
     json_output,
     key_values,
     non_empty,
+    one_line,
     table,
     to_document,
 )
 from xrcore.limits import ARRAY_SIZE_MAX, GPUS_PER_TASK_MAX, PRIORITY_MAX, PRIORITY_MIN
-from xrcore.model import TaskState
 
 if TYPE_CHECKING:
-    from xrcore.client import Client, Job, JobSummary, SubmittedSpec
+    from xrcore.client import Client, Job, JobSummary, SubmittedSpec, Task
 
 __all__ = ["job"]
 
-_STATES = [state.value for state in TaskState]
 # How often `xr job watch` looks at the job: a change shows at most this late.
 _WATCH_POLL_S = 1.0
 
@@ -151,7 +151,8 @@ def job_submit(
 
 
 @job.command("ls")
-@click.option("--state", type=click.Choice(_STATES), help="Only jobs in this state.")
+# The job states the cluster filters on: a job's, not a task's ("assigned" is only a task's).
+@click.option("--state", type=click.Choice(JOB_STATES), help="Only jobs in this state.")
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
@@ -201,8 +202,8 @@ def job_ls(state: str | None, limit: int | None) -> int:
 @click.argument("job_id", metavar="ID", callback=non_empty)
 @client_options
 def job_show(job_id: str) -> int:
-    """Show a job: its state, each task's state, region, progress and attempts, and why each
-    task is where it is or why it still waits."""
+    """Show a job: its state, each task's state, region, progress, latest metrics, result and
+    attempts, and why each unfinished task is where it is or why it still waits."""
     with connect() as client:
         found = _get(client, job_id)
 
@@ -232,7 +233,7 @@ def job_show(job_id: str) -> int:
                 task.failures,
                 f"{task.done}/{task.total}" if task.total else None,
                 None if task.checkpoint is None else task.checkpoint.step,
-                _first_line(task.error),
+                _first_line(_present_error(task)),
             ]
             for task in found.tasks
         ]
@@ -256,15 +257,77 @@ def job_show(job_id: str) -> int:
                     history,
                 )
             )
-        reasons = [(task.index, task.reason) for task in found.tasks if task.reason]
-        if reasons:
-            click.echo("")
-            click.echo("why (from the scheduler):")
-            for index, reason in reasons:
-                click.echo(f"  task {index}: {reason}")
+        # Metrics and results are the job's own and may be long; a reason is the cluster's, at
+        # most a message long.
+        sections = [
+            ("metrics (the latest each task reported):", _metrics, _bounded),
+            ("results:", lambda task: task.result, _bounded),
+            ("why (from the scheduler):", _present_reason, one_line),
+        ]
+        for title, detail, shown in sections:
+            lines = [(task.index, text) for task in found.tasks if (text := detail(task))]
+            if lines:
+                click.echo("")
+                click.echo(title)
+                for index, text in lines:
+                    click.echo(f"  task {index}: {shown(text)}")
 
     emit(found, human)
     return 0
+
+
+def _metrics(task: Task) -> str | None:
+    """The metrics that came with the task's latest progress report (`ctx.progress`)."""
+    return ", ".join(f"{name}={value:g}" for name, value in sorted(task.metrics.items())) or None
+
+
+def _present_error(task: Task) -> str | None:
+    """The error that explains the task's present state: its own while it has failed, its last
+    attempt's while it waits to be retried. The error of an attempt before the one that runs or
+    succeeded is past: `--json` and `xr job logs --attempt N` have it."""
+    last = task.attempts[-1] if task.attempts else None
+    if task.state == "failed":
+        return task.error
+    if task.state == "pending" and last is not None and last.outcome == "failed":
+        return last.error
+    return None
+
+
+# The task states the scheduler decides on; a finished task's reason is the old placement's.
+_SCHEDULED_STATES = frozenset({"pending", "assigned", "running"})
+
+
+def _present_reason(task: Task) -> str | None:
+    """The scheduler's reason where it explains the task's present state.
+
+    The cluster keeps a task's last reason after its attempt ends: a finished task still has its
+    placement's, and so has a task pending again after a failed or expired attempt until the
+    scheduler's next pass notes why it waits (a placement's reason starts with its region)."""
+    if task.state not in _SCHEDULED_STATES or not task.reason:
+        return None
+    last = task.attempts[-1] if task.attempts else None
+    if (
+        task.state == "pending"
+        and last is not None
+        and last.outcome in ("failed", "lease_expired")
+        and task.reason.startswith(f"{last.region}: ")
+    ):
+        return None
+    return task.reason
+
+
+# How much of a task's metrics or result one line of `xr job show` or `xr job watch` shows;
+# `--json` has it all.
+_DETAIL_CHARACTERS_MAX = 200
+
+
+def _bounded(text: str) -> str:
+    """`text` on one line, cut at `_DETAIL_CHARACTERS_MAX` characters with a note saying so."""
+    shown = one_line(text)
+    if len(shown) <= _DETAIL_CHARACTERS_MAX:
+        return shown
+    more = len(shown) - _DETAIL_CHARACTERS_MAX
+    return f"{shown[:_DETAIL_CHARACTERS_MAX]}... ({more} more characters; --json has them)"
 
 
 # Tasks whose attempts `xr job show` lists; `--json` has them all.
@@ -380,6 +443,7 @@ def _snapshot(found: Job) -> dict[str, Any]:
                 "region": task.region,
                 "attempts": len(task.attempts),
                 "error": task.error,
+                "result": task.result,
             }
             for task in found.tasks
         ],
@@ -408,7 +472,7 @@ def _follow(client: Client, job_id: str) -> int:
     if found.state == "succeeded":
         return 0
     reason = found.cancel_reason or _first_line(
-        next((task.error for task in found.tasks if task.error), None)
+        next((error for task in found.tasks if (error := _present_error(task))), None)
     )
     raise CommandFailed(
         f"job.{found.state}",
@@ -431,7 +495,8 @@ def _print_changes(previous: dict[str, Any] | None, current: dict[str, Any]) -> 
             # retried, not beside the attempt that runs now.
             shown = task["error"] if task["state"] in ("failed", "pending") else None
             error = f": {_first_line(shown)}" if shown else ""
-            click.echo(f"  task {task['index']}: {task['state']}{where}{attempt}{error}")
+            returned = f", result {_bounded(task['result'])}" if task["result"] else ""
+            click.echo(f"  task {task['index']}: {task['state']}{where}{attempt}{error}{returned}")
 
 
 def _first_line(error: str | None) -> str | None:
@@ -464,7 +529,7 @@ def _first_line(error: str | None) -> str | None:
     type=click.IntRange(1, 1 << 20),
     default=65_536,
     show_default=True,
-    help="Show at most this many bytes from the end.",
+    help="Show at most this many bytes from the end, from the first whole line in them.",
 )
 @client_options
 def job_logs(job_id: str, task_index: int, attempt: int | None, tail_bytes: int) -> int:
@@ -479,13 +544,22 @@ def job_logs(job_id: str, task_index: int, attempt: int | None, tail_bytes: int)
         )
 
     def human() -> None:
+        shown = _from_line_start(logs.log) if logs.truncated else logs.log
         if logs.truncated:
             click.echo(
-                f"[xr: the last {len(logs.log.encode())} of {logs.size_bytes} bytes of task "
+                f"[xr: the last {len(shown.encode())} of {logs.size_bytes} bytes of task "
                 f"{logs.task_index} attempt {logs.attempt} in {logs.region}]",
                 err=True,
             )
-        click.echo(logs.log, nl=False)
+        click.echo(shown, nl=False)
 
     emit(to_document(logs), human)
     return 0
+
+
+def _from_line_start(tail: str) -> str:
+    """The end of a log from the first line that starts in it: the tail was cut at a byte count,
+    most likely inside a line (or a character). A tail with no line starting in it is kept
+    whole."""
+    _, newline, rest = tail.partition("\n")
+    return rest if newline and rest else tail

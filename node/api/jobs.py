@@ -42,14 +42,24 @@ def _spec(body: dict[str, Any], caller: Principal) -> JobSpec:
             f"unknown job field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_SPEC_FIELDS))}"
         )
     document = dict(body)
-    if isinstance(document.get("args"), dict):
+    args = document.get("args")
+    if isinstance(args, dict):
         # Arguments may be given as an object; the spec stores them as JSON text.
-        document["args"] = msgspec.json.encode(document["args"]).decode()
+        document["args"] = msgspec.json.encode(args).decode()
+    elif "args" in document and not isinstance(args, str):
+        # The spec's own check would say "Expected `str`", naming only the text form.
+        raise InvalidArgument(f"invalid job spec: args must be a JSON object, not {_kind(args)}")
     document["tenant"] = caller.tenant
     try:
         return msgspec.convert(document, JobSpec)
     except msgspec.ValidationError as error:
         raise InvalidArgument(f"invalid job spec: {error}") from None
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value other than an object or a string is, in words."""
+    kinds = {list: "an array", bool: "a boolean", int: "a number", float: "a number"}
+    return kinds.get(type(value), "null")
 
 
 def _job_id(request: web.Request) -> str:

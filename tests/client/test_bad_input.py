@@ -149,6 +149,22 @@ CASES: dict[str, tuple[Call, type[Exception], str]] = {
         ValueError,
         r"body\.args: nested too deeply",
     ),
+    # What JSON's encoder would change rather than refuse (found by the job author's QA pass).
+    "jobs.submit args bytes": (
+        lambda c: c.jobs.submit("j", workload="w", args={"a": b"x"}),
+        TypeError,
+        "args must be a JSON object: Object of type bytes",
+    ),
+    "jobs.submit args NaN": (
+        lambda c: c.jobs.submit("j", workload="w", args={"a": float("nan")}),
+        ValueError,
+        r"body\.args\.a: nan is not a finite number",
+    ),
+    "jobs.submit args list": (
+        lambda c: c.jobs.submit("j", workload="w", args=[1, 2]),
+        TypeError,
+        r"args must be a JSON object \(a dict\), not list",
+    ),
     "jobs.submit args over the limit": (
         lambda c: c.jobs.submit("j", workload="w", args={"a": "x" * 70_000}),
         PayloadTooLarge,

@@ -374,7 +374,10 @@ def test_job_watch__shows_a_tasks_error_while_it_fails_or_waits_not_beside_a_new
     error = "ValueError: boom\nTraceback (most recent call last):\n  File ..."
 
     def job(state: str, attempts: int) -> dict[str, Any]:
-        task = {"index": 0, "state": state, "region": "r0", "attempts": attempts, "error": error}
+        task = {
+            "index": 0, "state": state, "region": "r0", "attempts": attempts, "error": error,
+            "result": None,
+        }  # fmt: skip
         return {"job_id": "job-1", "state": state, "tasks": [task]}
 
     with click.Context(click.Command("watch")):

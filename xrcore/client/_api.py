@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 from urllib.parse import quote
@@ -679,11 +680,19 @@ def _check_spec(spec: dict[str, Any]) -> None:
     args = document.get("args")
     if isinstance(args, dict):
         try:
+            # The standard encoder first, for what msgspec would change rather than refuse:
+            # NaN and infinities (sent as null) and bytes (sent as base64 text).
+            json.dumps(args, allow_nan=False)
             document["args"] = msgspec.json.encode(args).decode()
         except (TypeError, RecursionError) as error:
             raise TypeError(f"args must be a JSON object: {error}") from None
         except UnicodeEncodeError as error:
             raise NotUtf8("args", error) from None
+        except ValueError as error:
+            raise ValueError(f"args must be a JSON object: {error}") from None
+    elif "args" in document and not isinstance(args, str):
+        # msgspec would say "Expected `str`", naming only the text form of args.
+        raise TypeError(f"args must be a JSON object (a dict), not {type(args).__name__}")
     try:
         msgspec.convert(document, JobSpec)
     except msgspec.ValidationError as error:
