@@ -21,6 +21,12 @@ __all__ = ["tenant"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# The largest quotas the cluster takes (`xrcore.commands.TenantSet.validate`, which spells them
+# as literals; `tests/node/test_cli_tenant.py` holds these to it): with no bound here, a value
+# past 2^64 drew a message naming the bound of a 64-bit integer instead of the cluster's.
+SCHEDULING_QUOTA_MAX = 1 << 20  # gpus_max, tasks_max
+TABLE_QUOTA_MAX = 1 << 30  # keys_max, sessions_max, clients_max, jobs_max, unfinished_tasks_max
+
 # A tenant's shares of the replicated tables, as `xr tenant list` names them.
 _TABLE_QUOTAS = {
     "keys_max": "keys",
@@ -77,7 +83,7 @@ def tenant_list() -> int:
 def _quota_option(flag: str, help_text: str) -> Callable[[F], F]:
     return click.option(
         flag,
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=0, max=TABLE_QUOTA_MAX),
         default=None,
         help=f"{help_text} (default: no quota of its own)",
     )
@@ -94,13 +100,13 @@ def _quota_option(flag: str, help_text: str) -> Callable[[F], F]:
 )
 @click.option(
     "--gpus-max",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=SCHEDULING_QUOTA_MAX),
     default=None,
     help="Most GPUs the tenant's running tasks may hold (default: no quota).",
 )
 @click.option(
     "--tasks-max",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=SCHEDULING_QUOTA_MAX),
     default=None,
     help="Most tasks the tenant may run at once (default: no quota).",
 )

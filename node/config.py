@@ -27,6 +27,7 @@ from node.files import CONFIG_BYTES_MAX, SECRET_BYTES_MAX, read_text_bounded
 from raftstore.config import RaftConfig
 from xrcore._validate import check_name
 from xrcore.errors import InvalidArgument
+from xrcore.jobs import SPEED_MAX, SPEED_MIN
 
 __all__ = [
     "ROLES",
@@ -718,11 +719,64 @@ def _check_region(region: RegionConfig) -> None:
             raise ConfigError(
                 f"setting region.rtt_ms: {peer} = {rtt_ms!r} must be between 0 and 3600000 ms"
             )
+    speed = region.labels.get("speed")
+    if speed is not None:
+        # The scheduler reads this label as the region's device speed and takes anything it
+        # cannot read as 1.0 (`xrcore.jobs.region_speed`): a typo would go unnoticed.
+        try:
+            value = float(speed)
+        except ValueError:
+            value = math.nan
+        if not SPEED_MIN <= value <= SPEED_MAX:
+            raise ConfigError(
+                f"setting region.labels: speed = {speed!r} must be a number from {SPEED_MIN:g} "
+                f"to {SPEED_MAX:g}, the relative speed of the region's devices (1 = reference)"
+            )
+
+
+# Durations the scheduler counts in whole milliseconds (`node.daemon`): anything shorter would
+# become 0, which means "at once" (a grace of 0.0004 s ended preempted tasks with no chance to
+# checkpoint) or, for an estimate, nothing.
+_SCHEDULER_MS = (
+    "preemption_min_run_s",
+    "preemption_grace_s",
+    "default_estimate_s",
+    "move_up_min_run_s",
+    "move_up_saving_min_s",
+    "move_aside_loss_max_s",
+)
+
+
+_SCHEDULER_POSITIVE = ("preemption_grace_s", "default_estimate_s", "pass_pending_max")
 
 
 def _check_scheduler(scheduler: SchedulerConfig) -> None:
-    for name in ("preemption_grace_s", "default_estimate_s", "pass_pending_max"):
+    for name in _SCHEDULER_POSITIVE:
         _check_positive(f"scheduler.{name}", getattr(scheduler, name))
+    for name in _SCHEDULER_MS:
+        value = getattr(scheduler, name)
+        if 0 < value < 0.001:
+            least = "at least" if name in _SCHEDULER_POSITIVE else "0 or at least"
+            raise ConfigError(
+                f"setting scheduler.{name}: must be {least} 0.001 s, as the scheduler counts "
+                f"whole milliseconds (got {value!r}, which would be 0)"
+            )
+    # A move saves less than the whole rest of a run (it still has to run there), so a
+    # fraction of 1 or more would silently turn moving up off: move_ups_max = 0 does that.
+    if not scheduler.move_up_saving_fraction < 1:
+        raise ConfigError(
+            "setting scheduler.move_up_saving_fraction: must be below 1, a fraction of a task's "
+            f"rest that moving must save (got {scheduler.move_up_saving_fraction!r}; "
+            "scheduler.move_ups_max = 0 turns moving up off)"
+        )
+    # Like a duration: a year of completion time per dollar or kg is far beyond any use, and a
+    # bound keeps the score finite (1e300 s per dollar made price and carbon infinite).
+    for name in ("seconds_per_dollar", "seconds_per_kg_carbon"):
+        if getattr(scheduler, name) > _DURATION_S_MAX:
+            raise ConfigError(
+                f"setting scheduler.{name}: must be at most {_DURATION_S_MAX} s, a year "
+                f"(got {getattr(scheduler, name)!r})"
+            )
     for name in (
         "preemption_min_run_s",
         "preemptions_max",

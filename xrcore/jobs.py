@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from xrcore.state import StateMachine
 
 __all__ = [
+    "SPEED_MAX",
+    "SPEED_MIN",
     "TRANSITIONS",
     "Event",
     "Job",
@@ -370,6 +372,11 @@ def duration_key(job: Job) -> str:
     return f"{job.spec.tenant}/{job.spec.entrypoint or job.spec.workload}"
 
 
+# The `speed` label's range (a node refuses a label outside it at its configuration check).
+SPEED_MIN = 0.01
+SPEED_MAX = 100.0
+
+
 def region_speed(machine: StateMachine, region: str) -> float:
     """A region's relative device speed, from its `speed` label (1.0 when absent or invalid)."""
     record = machine.regions.get(region)
@@ -378,7 +385,7 @@ def region_speed(machine: StateMachine, region: str) -> float:
         speed = float(text)
     except ValueError:
         return 1.0
-    return speed if 0.01 <= speed <= 100 else 1.0
+    return speed if SPEED_MIN <= speed <= SPEED_MAX else 1.0
 
 
 def _record_duration(machine: StateMachine, job: Job, task: Task) -> None:

@@ -18,7 +18,10 @@ computed from, and the state machine refuses it if anything scheduling reads has
 Tasks moving up or aside (`SchedulerSettings.move_ups_max`): the replicated `Task` keeps the
 region a mover is bound for (`moving_to`) from the pass that asks it to yield until it is placed
 again, and the view carries it, so every pass, on any leader, holds the same room for it.
-Waiting reasons are sent only when they changed, so a stable queue writes nothing to the log.
+Waiting reasons are sent only when they changed, so a stable queue writes nothing to the log: the
+view carries each task's reason (`TaskInfo.reason`) and the policy leaves out the unchanged ones
+before counting its budget of reasons, so that budget goes to the reasons that changed and every
+waiting task gets its own within a few passes.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from xrcore import regions
 from xrcore._clocktext import utc_text
 from xrcore.commands import Placement, Preemption, SchedulePass, Waiting
 from xrcore.jobs import duration_key, region_speed
-from xrcore.limits import MESSAGE_BYTES_MAX, SCHEDULE_DECISIONS_MAX
+from xrcore.limits import SCHEDULE_DECISIONS_MAX
 from xrcore.model import Job, Task, TaskState
 from xrcore.scheduler import (
     Cluster,
@@ -39,6 +42,7 @@ from xrcore.scheduler import (
     SchedulerSettings,
     TaskInfo,
     TenantInfo,
+    clip_reason,
     estimate_ms,
     schedule,
 )
@@ -134,6 +138,7 @@ def _task_info(
         carbon_weight=spec.carbon_weight,
         eligible=eligible,
         waiting=waiting,
+        reason=task.reason,
         avoid_region=(
             last.region if last is not None and last.outcome == "lease_expired" else None
         ),
@@ -213,13 +218,6 @@ def _in_view(machine: StateMachine, pending_max: int) -> list[tuple[Job, Task]]:
     return [(job, task) for _, job, task in kept]
 
 
-def _clip(reason: str) -> str:
-    data = reason.encode()
-    if len(data) <= MESSAGE_BYTES_MAX:
-        return reason
-    return data[: MESSAGE_BYTES_MAX - 3].decode(errors="ignore") + "..."
-
-
 def place(machine: StateMachine, settings: PlacementSettings | None = None) -> SchedulePass | None:
     """One scheduling pass as a command, or None when it would change nothing."""
     settings = settings or PlacementSettings()
@@ -232,8 +230,10 @@ def place(machine: StateMachine, settings: PlacementSettings | None = None) -> S
     decisions = schedule(cluster_view(machine, settings), policy)
     waiting = []
     for (job_id, task_index), reason in decisions.waiting.items():
-        if machine.jobs[job_id].tasks[task_index].reason != _clip(reason):
-            waiting.append(Waiting(job_id=job_id, task_index=task_index, reason=_clip(reason)))
+        if machine.jobs[job_id].tasks[task_index].reason != clip_reason(reason):
+            waiting.append(
+                Waiting(job_id=job_id, task_index=task_index, reason=clip_reason(reason))
+            )
     if not len(decisions) and not waiting:
         return None
     return SchedulePass(
@@ -243,12 +243,12 @@ def place(machine: StateMachine, settings: PlacementSettings | None = None) -> S
                 job_id=item.job_id,
                 task_index=item.task_index,
                 region=item.region,
-                reason=_clip(item.reason),
+                reason=clip_reason(item.reason),
             )
             for item in decisions.assigns
         ),
         unassigns=tuple(
-            Waiting(job_id=item.job_id, task_index=item.task_index, reason=_clip(item.reason))
+            Waiting(job_id=item.job_id, task_index=item.task_index, reason=clip_reason(item.reason))
             for item in decisions.unassigns
         ),
         preempts=tuple(
@@ -256,7 +256,7 @@ def place(machine: StateMachine, settings: PlacementSettings | None = None) -> S
                 job_id=item.job_id,
                 task_index=item.task_index,
                 token=item.token,
-                reason=_clip(item.reason),
+                reason=clip_reason(item.reason),
                 force=item.force,
                 moving_to=item.moving_to,
             )

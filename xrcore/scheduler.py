@@ -8,11 +8,17 @@ cluster builds the view from the replicated state (`xrcore.placement`); the simu
 One pass, in order:
 1. **Rooms.** Each healthy region's free devices (`xrcore.devices`: whole GPUs, or memory shares
    of one GPU) and CPU slots, after what its assigned and running tasks hold. A region without
-   GPUs runs any task in a CPU slot, so every rule works on machines without accelerators.
+   GPUs runs tasks that ask for no GPU in CPU slots, and tasks that ask for GPUs (a count or
+   memory) only in a cluster where no region, healthy or not, has GPUs (CPU mode, so every rule
+   works on machines without accelerators); a node whose CUDA failed starts in CPU mode, and
+   must not draw GPU jobs away from the regions that have GPUs.
 2. **Order.** Priority classes, highest first. Within a class, tenants take turns by weighted
    dominant resource share (DRF: a tenant's largest fraction of the cluster's GPUs or CPU slots,
    divided by its weight), recomputed after every placement; each tenant's tasks in submission
-   order. A tenant at its quota (GPUs or tasks) is skipped, and says so.
+   order. A task counts toward its tenant's share and quota (GPUs or tasks) for what it holds
+   where it runs (in a region without GPUs, a slot) from the moment it is placed or room is
+   held for it (preemption, victims yielding, tasks moving aside), so a tenant at its quota
+   neither places nor makes room for more. A tenant at its quota is skipped, and says so.
 3. **Choice.** Among the regions a task fits now (health, allow and deny lists, GPU count, model
    and memory, gang: all of a task's GPUs in one region), the lowest score, in milliseconds:
    the estimated completion time (moving the input data and the latest checkpoint to the region,
@@ -46,16 +52,17 @@ One pass, in order:
    Each move goes to a strictly faster region, so no task moves back and forth.
 7. **Moving aside.** Before moving up, a task that may run in only one region (allow and deny
    lists, GPU model and memory) and waits there for room has running tasks that may run
-   elsewhere asked to yield and move (a preemption with `moving_to`, like moving up) to regions
-   no faster than theirs (a faster region's room is for moving up) with room the pass left
-   unused, when together they free enough for it, each loses at most `move_aside_loss_max_ms`
-   of completion time (moving its data, a slower run) and of price and carbon at its job's
-   weights, and all of them lose less than the waiting task is expected to wait otherwise (from
-   running tasks' estimated ends). The smallest tasks go first; only after `move_up_min_run_ms`
-   in their attempt, within the same `move_ups_max`. The region is held for the waiting task
-   while they leave. Waiting tasks are served in placement order, one per region and pass. A
-   task moved aside may later move up, but never aside to a faster region nor up by a saving
-   that small, so it does not move back and forth.
+   elsewhere (a task with preferred regions only in another of them, so one placed outside
+   them never moves aside) asked to yield and move (a preemption with `moving_to`, like moving
+   up) to regions no faster than theirs (a faster region's room is for moving up) with room the
+   pass left unused, when together they free enough for it, each loses at most
+   `move_aside_loss_max_ms` of completion time (moving its data, a slower run) and of price and
+   carbon at its job's weights, and all of them lose less than the waiting task is expected to
+   wait otherwise (from running tasks' estimated ends). The smallest tasks go first; only after
+   `move_up_min_run_ms` in their attempt, within the same `move_ups_max`. The region is held for
+   the waiting task while they leave. Waiting tasks are served in placement order, one per
+   region and pass. A task moved aside may later move up, but never aside to a faster region nor
+   up by a saving that small, so it does not move back and forth.
 Every assignment and every waiting task carries a reason in words.
 
 Duration estimates (`DurationStats`) come from completed tasks per tenant and entrypoint, with a
@@ -72,6 +79,7 @@ from dataclasses import dataclass, field, replace
 
 from xrcore._clocktext import utc_text
 from xrcore.devices import DeviceLedger, Grant
+from xrcore.limits import MESSAGE_BYTES_MAX
 
 __all__ = [
     "Assign",
@@ -84,6 +92,7 @@ __all__ = [
     "TaskInfo",
     "TenantInfo",
     "Unassign",
+    "clip_reason",
     "estimate_ms",
     "schedule",
     "transfer_ms",
@@ -95,7 +104,9 @@ MIB_BITS = 8 * 1024 * 1024
 @dataclass(frozen=True, kw_only=True)
 class SchedulerSettings:
     decisions_max: int = 256
-    # Reasons carried for waiting tasks per pass (the rest are summarized).
+    # Waiting reasons carried per pass. Only reasons that differ from the one a task shows
+    # (`TaskInfo.reason`) are carried and counted, so each pass spends the budget on new reasons
+    # and every waiting task gets its own within a few passes; the rest keep theirs until then.
     reasons_max: int = 256
     preemptions_max: int = 4
     preemption_min_run_ms: int = 120_000
@@ -189,6 +200,9 @@ class TaskInfo:
     # Pending tasks: False while backing off after a failure (with the reason in `waiting`).
     eligible: bool = True
     waiting: str = ""
+    # The reason the task shows now (the last one recorded); a waiting reason equal to it is not
+    # carried in `Decisions.waiting` again.
+    reason: str = ""
     # The region whose lease on this task just expired: avoided while another region fits.
     avoid_region: str | None = None
     # Moving up: the faster region a running task was asked to yield for, or a pending task
@@ -284,7 +298,8 @@ class Decisions:
     assigns: list[Assign] = field(default_factory=list)
     unassigns: list[Unassign] = field(default_factory=list)
     preempts: list[Preempt] = field(default_factory=list)
-    # Why each waiting task considered in this pass is still pending.
+    # Why each waiting task considered in this pass is still pending, where that differs from
+    # the reason it shows (`TaskInfo.reason`), at most `reasons_max`.
     waiting: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -332,8 +347,12 @@ def transfer_ms(
 # Rooms.
 
 
+def _asks_gpu(task: TaskInfo) -> bool:
+    return task.gpus > 0 or task.gpu_memory_mb > 0
+
+
 def _uses_gpu(task: TaskInfo, region: RegionInfo) -> bool:
-    return bool(region.gpus) and (task.gpus > 0 or task.gpu_memory_mb > 0)
+    return bool(region.gpus) and _asks_gpu(task)
 
 
 def _billed_devices(task: TaskInfo, region: RegionInfo) -> float:
@@ -361,6 +380,9 @@ class _Room:
     grants: dict[tuple[str, int], Grant | None] = field(default_factory=dict)
     # Per task shape (GPUs, memory, model): whether it fits the empty region.
     ever_fits: dict[tuple[int, int, str | None], bool] = field(default_factory=dict)
+    # Whether a task that asks for GPUs may take a CPU slot here: in a region without GPUs only
+    # when no region of the cluster has any (CPU mode); never where the region has GPUs.
+    gpu_tasks_in_slots: bool = False
 
     def __post_init__(self) -> None:
         models, memory = set(self.ledger.models), set(self.ledger.memory_mb)
@@ -392,7 +414,12 @@ class _Room:
             free_slots=self.free_slots,
             holders=list(self.holders),
             grants=dict(self.grants),
+            gpu_tasks_in_slots=self.gpu_tasks_in_slots,
         )
+
+    def takes_in_slot(self, task: TaskInfo) -> bool:
+        """Whether `task`, which does not use this region's GPUs, may take a CPU slot here."""
+        return self.gpu_tasks_in_slots or not _asks_gpu(task)
 
     def fits(self, task: TaskInfo) -> bool:
         if _uses_gpu(task, self.region):
@@ -408,7 +435,7 @@ class _Room:
                 gpus=task.gpus, memory_mb=task.gpu_memory_mb, model=task.gpu_model
             )
             return grant is not None
-        return self.free_slots >= 1
+        return self.free_slots >= 1 and self.takes_in_slot(task)
 
     def take(self, task: TaskInfo) -> bool:
         """Gives `task` what it needs here, if it fits."""
@@ -440,7 +467,7 @@ class _Room:
         """How much of what `task` needs is free here: matching untouched devices (whole-GPU
         tasks), free memory on the best matching device (shares), or CPU slots."""
         if not _uses_gpu(task, self.region):
-            return self.free_slots
+            return self.free_slots if self.takes_in_slot(task) else 0
         ledger = self.ledger
         matching = [
             device
@@ -475,11 +502,12 @@ class _Room:
                 )
                 known = self.ever_fits[shape] = grant is not None
             return known
-        return self.region.cpu_slots > 0
+        return self.region.cpu_slots > 0 and self.takes_in_slot(task)
 
 
 def _rooms(cluster: Cluster) -> dict[str, _Room]:
     rooms: dict[str, _Room] = {}
+    cpu_mode = not _has_gpus(cluster)
     for region in sorted(cluster.regions, key=lambda item: item.name):
         if not region.healthy:
             continue
@@ -490,12 +518,14 @@ def _rooms(cluster: Cluster) -> dict[str, _Room]:
                 models=[gpu.model for gpu in region.gpus],
             ),
             free_slots=region.cpu_slots,
+            gpu_tasks_in_slots=cpu_mode,
         )
     for task in cluster.tasks:
         if task.state == "pending" or task.region not in rooms:
             continue
         room = rooms[task.region]
-        # A task that no longer fits (the region shrank) holds nothing more.
+        # A task that no longer fits (the region shrank) holds nothing more. A task that asks
+        # for GPUs and runs in a slot (placed in CPU mode) holds its slot.
         room.take(task)
         started = task.started_ms if task.started_ms is not None else cluster.now_ms
         end = started + task.estimate_ms / max(room.region.speed, 1e-6)
@@ -510,6 +540,13 @@ def _rooms(cluster: Cluster) -> dict[str, _Room]:
     for room in rooms.values():
         room.holders.sort(key=_holder_order)
     return rooms
+
+
+def _has_gpus(cluster: Cluster) -> bool:
+    """Whether any region of the cluster, healthy or not, has GPUs: then tasks that ask for
+    GPUs run only on GPUs. Not only the healthy ones: while a GPU region is down its tasks wait
+    for it, instead of moving to a node in CPU mode (one whose CUDA failed) for good."""
+    return any(region.gpus for region in cluster.regions)
 
 
 def _holder_order(item: tuple[float, TaskInfo]) -> tuple[float, tuple[str, int]]:
@@ -542,12 +579,15 @@ class _Share:
     def __init__(self, cluster: Cluster, rooms: Mapping[str, _Room]) -> None:
         self.tenants = cluster.tenants
         self._defaults: dict[str, TenantInfo] = {}
+        # In CPU mode (no region has GPUs) every task holds a slot and none is charged GPUs.
+        self.gpu_cluster = _has_gpus(cluster)
         self.total_gpus = sum(len(room.region.gpus) for room in rooms.values()) or 1
         self.total_slots = sum(room.region.cpu_slots for room in rooms.values()) or 1
         self.usage: dict[str, _Usage] = {}
+        regions = {region.name: region for region in cluster.regions}
         for task in cluster.tasks:
             if task.state != "pending":
-                self.add(task)
+                self.add(task, regions.get(task.region or ""))
 
     def tenant(self, name: str) -> TenantInfo:
         info = self.tenants.get(name)
@@ -557,11 +597,20 @@ class _Share:
                 info = self._defaults[name] = TenantInfo(name=name)
         return info
 
-    def add(self, task: TaskInfo) -> None:
+    def on_gpus(self, task: TaskInfo, region: RegionInfo | None) -> bool:
+        """Whether `task` holds GPUs in `region` (None: where it would run), or a CPU slot."""
+        if region is None:
+            return self.gpu_cluster and _asks_gpu(task)
+        return _uses_gpu(task, region)
+
+    def add(self, task: TaskInfo, region: RegionInfo | None) -> None:
+        """Counts `task`, placed in `region` or with room held for it there, for what it holds
+        there: its GPUs, or one CPU slot."""
         usage = self.usage.setdefault(task.tenant, _Usage())
-        usage.gpus += task.gpu_units
         usage.tasks += 1
-        if task.gpu_units == 0:
+        if self.on_gpus(task, region):
+            usage.gpus += task.gpu_units
+        else:
             usage.slots += 1
 
     def dominant(self, tenant: str) -> float:
@@ -576,14 +625,23 @@ class _Share:
         if info.gpus_max is None and info.tasks_max is None:
             return None
         usage = self.usage.get(task.tenant) or _Usage()
-        if info.gpus_max is not None and usage.gpus + task.gpu_units > info.gpus_max:
+        gpus = task.gpu_units if self.on_gpus(task, None) else 0.0
+        if info.gpus_max is not None and usage.gpus + gpus > info.gpus_max:
             return (
                 f"tenant {task.tenant!r} holds {usage.gpus:g} of its quota of "
-                f"{info.gpus_max} GPUs; this task needs {task.gpu_units:g} more"
+                f"{_count(info.gpus_max, 'GPU')}; this task needs {gpus:g} more"
             )
         if info.tasks_max is not None and usage.tasks + 1 > info.tasks_max:
-            return f"tenant {task.tenant!r} runs {usage.tasks} tasks, its quota"
+            return (
+                f"tenant {task.tenant!r} has {_count(usage.tasks, 'task')} running, assigned "
+                f"or with room held, and its quota is {info.tasks_max}"
+            )
         return None
+
+
+def _count(number: float, noun: str) -> str:
+    """`number` and `noun`, plural unless it is one."""
+    return f"{number:g} {noun}" if number == 1 else f"{number:g} {noun}s"
 
 
 # Scores.
@@ -597,6 +655,10 @@ class _Option:
     moving_ms: float
     run_ms: float
     devices: float
+    # The score's other terms: price and carbon as time at the weights, and the best-fit term
+    # (GPU tasks) or the spread term (tasks in CPU slots).
+    price_ms: float = 0.0
+    fit_ms: float = 0.0
 
     def explain(self, settings: SchedulerSettings) -> str:
         region = self.room.region
@@ -605,9 +667,34 @@ class _Option:
         carbon_kg = region.carbon_g_per_kwh * settings.gpu_power_kw * self.devices * hours / 1000
         return (
             f"est. finish in {_minutes(self.finish_ms)} (run {_minutes(self.run_ms)} at speed "
-            f"{region.speed:g}, data {self.moving_ms / 1000:.1f} s), ${dollars:.2f}, "
-            f"{carbon_kg:.2f} kg CO2"
+            f"{region.speed:g}, data {self.moving_ms / 1000:.1f} s), {_dollars_text(dollars)}, "
+            f"{_carbon_text(carbon_kg)}"
         )
+
+    def margin(self, best: _Option, task: TaskInfo, tenant: TenantInfo) -> str:
+        """What puts this option's score above `best`'s: the terms that differ, largest first,
+        as time (the score is in milliseconds)."""
+        if (self.room.region.name in task.regions_prefer) != (
+            best.room.region.name in task.regions_prefer
+        ):
+            return "not among the job's preferred regions"
+        fit = "free devices left fragmented" if self.room.region.gpus else "slots in use"
+        weights = (tenant.cost_weight, tenant.carbon_weight)
+        price = "price and carbon" + (
+            "" if weights == (1.0, 1.0) else f" (weights {weights[0]:g} and {weights[1]:g})"
+        )
+        terms = [
+            ("finish", self.finish_ms - best.finish_ms),
+            (price, self.price_ms - best.price_ms),
+            (fit, self.fit_ms - best.fit_ms),
+        ]
+        shown = [
+            f"{name} {_signed_time(delta_ms)}"
+            for name, delta_ms in sorted(terms, key=lambda term: -abs(term[1]))
+            if abs(delta_ms) >= 50
+        ]
+        total = f"scores {_signed_time(self.score - best.score)}"
+        return f"{total}: {', '.join(shown)}" if shown else total
 
 
 def _price_ms(
@@ -652,17 +739,20 @@ def _score(
     run_ms = task.estimate_ms / max(region.speed, 1e-6)
     finish_ms = moving_ms + run_ms
     devices = _billed_devices(task, region)
-    score = finish_ms + _price_ms(region, devices, run_ms, tenant, settings)
+    price_ms = _price_ms(region, devices, run_ms, tenant, settings)
+    score = finish_ms + price_ms
+    fit_ms = 0.0
     if _uses_gpu(task, region):
         free_after = room.free_gpus - task.gpus
-        score += settings.best_fit_ms * free_after / len(region.gpus)
+        fit_ms = settings.best_fit_ms * free_after / len(region.gpus)
     elif region.cpu_slots:
         # CPU slots are interchangeable units: spread them by load instead.
         used_after = region.cpu_slots - room.free_slots + 1
-        score += settings.spread_ms * used_after / region.cpu_slots
+        fit_ms = settings.spread_ms * used_after / region.cpu_slots
+    score += fit_ms
     if region.name in task.regions_prefer:
         score -= settings.prefer_ms
-    return _Option(score, room, finish_ms, moving_ms, run_ms, devices)
+    return _Option(score, room, finish_ms, moving_ms, run_ms, devices, price_ms, fit_ms)
 
 
 def _own_weights(task: TaskInfo) -> str:
@@ -682,6 +772,25 @@ def _time_text(time_ms: float) -> str:
 
 def _minutes(value_ms: float) -> str:
     return f"{value_ms / 60_000:.1f} min"
+
+
+def _signed_time(value_ms: float) -> str:
+    """A difference of time with its sign, in seconds under a minute, else minutes."""
+    if abs(value_ms) < 60_000:
+        return f"{value_ms / 1000:+.1f} s"
+    return f"{value_ms / 60_000:+.1f} min"
+
+
+def _dollars_text(dollars: float) -> str:
+    """Dollars to the cent, or to two significant digits under a cent (not $0.00)."""
+    return f"${dollars:.2f}" if dollars == 0 or dollars >= 0.01 else f"${dollars:.2g}"
+
+
+def _carbon_text(carbon_kg: float) -> str:
+    """Carbon in kg to two decimals, or in grams (two significant digits) under 10 g."""
+    if carbon_kg == 0 or carbon_kg >= 0.01:
+        return f"{carbon_kg:.2f} kg CO2"
+    return f"{carbon_kg * 1000:.2g} g CO2"
 
 
 # The pass.
@@ -776,6 +885,13 @@ class _Pass:
         )
 
     def wait(self, task: TaskInfo, reason: str) -> None:
+        """Gives waiting `task` its reason, unless it shows that one already: only changed
+        reasons count toward `reasons_max`, so a long queue whose reasons stay the same does not
+        keep the budget from the tasks behind it."""
+        if reason == task.reason or (
+            task.reason.endswith("...") and clip_reason(reason) == task.reason
+        ):
+            return
         if self.waiting_noted < self.settings.reasons_max:
             self.decisions.waiting[task.ref] = reason
             self.waiting_noted += 1
@@ -832,7 +948,9 @@ class _Pass:
         """Tenants of one priority class take turns by weighted dominant share."""
         # Per tenant: its share, its next task's submission (equal shares: the tenant whose
         # next task was submitted first goes first), its name, and where it is in its queue.
-        # A tenant's share changes only when one of its own tasks is placed.
+        # A tenant's share changes only when one of its own tasks is placed or has room held
+        # for it (preemption, victims yielding): such a task counts as placed, so the tenant's
+        # next task neither passes its quota nor preempts more for room it could not use.
         heap = [
             (self.share.dominant(name), tasks[0].submitted_ms, name, 0, tasks)
             for name, tasks in tenants
@@ -844,15 +962,17 @@ class _Pass:
             quota = self.share.over_quota(task)
             if quota is not None:
                 self.wait(task, quota)
-            elif self._place(task):
-                self.share.add(task)
+            elif (room := self._place(task)) is not None:
+                self.share.add(task, room.region)
                 dominant = self.share.dominant(name)
             position += 1
             if position < len(tasks):
                 entry = (dominant, tasks[position].submitted_ms, name, position, tasks)
                 heapq.heappush(heap, entry)
 
-    def _place(self, task: TaskInfo) -> bool:
+    def _place(self, task: TaskInfo) -> _Room | None:
+        """Places `task`, or holds room for it where others make way for it: that room (the
+        task then counts toward its tenant's share and quota), or None when it waits."""
         # Room only shrinks during a pass (preemption holds what it frees), so a task of a shape
         # that found no room waits like the one before it: a full cluster costs O(1) per task.
         shape = (
@@ -869,7 +989,7 @@ class _Pass:
             only = self.no_room_only.get(shape)
             if only is not None:
                 self.pinned_waiting.append((task, only))
-            return False
+            return None
         lists = (task.regions_allow, task.regions_deny)
         allowed = self.allowed.get(lists)
         if allowed is None:
@@ -877,7 +997,7 @@ class _Pass:
             self.allowed[lists] = allowed
         if not allowed:
             self.wait(task, self._none_allowed(task))
-            return False
+            return None
         tenant = self.prefs(task)
         fitting: list[_Room] = []
         if task.avoid_region is None and not task.regions_prefer:
@@ -896,19 +1016,30 @@ class _Pass:
             seen.append(option)
             if self._backfill_conflict(task, option):
                 continue
-            other = seen[0] if len(seen) > 1 else next(options, None)
-            runner_up = (
-                f"; next best {other.room.region.name} ({other.explain(self.settings)})"
-                if other is not None
-                else ""
-            )
+            if len(seen) > 1:
+                # A better option was left for the head of the queue.
+                best, reservation = seen[0], self.reservation
+                assert reservation is not None
+                runner_up = (
+                    f"; {best.room.region.name} scores better ({best.explain(self.settings)})"
+                    f" but would delay {reservation.task.job_id}[{reservation.task.task_index}],"
+                    " which holds a reservation there"
+                )
+            else:
+                other = next(options, None)
+                runner_up = (
+                    f"; next best {other.room.region.name} ({other.explain(self.settings)}; "
+                    f"{other.margin(option, task, tenant)})"
+                    if other is not None
+                    else ""
+                )
             self._assign(
                 task,
                 option,
                 f"{option.room.region.name}: {option.explain(self.settings)}{runner_up}"
                 f"{_own_weights(task)}",
             )
-            return True
+            return option.room
         if fitting:
             assert self.reservation is not None
             self.wait(
@@ -916,25 +1047,26 @@ class _Pass:
                 f"would delay {self.reservation.task.job_id}[{self.reservation.task.task_index}]"
                 f", which holds a reservation in {self.reservation.region}",
             )
-            return False
+            return None
         ever = [room for room in allowed if room.could_ever_fit(task)]
         if not ever:
             self.no_room[shape] = _never_fits(task, allowed)
             self.wait(task, self.no_room[shape])
-            return False
-        if self._awaiting_yield(task, ever) or self._preempt_for(task, ever):
-            return False
+            return None
+        held = self._awaiting_yield(task, ever) or self._preempt_for(task, ever)
+        if held is not None:
+            return held
         only = ever[0].region.name if len(ever) == 1 else None
         if only is not None:
             self.pinned_waiting.append((task, only))
         if self.reservation is None:
             self._reserve(task, ever)
-            return False
+            return None
         names = ", ".join(room.region.name for room in ever)
         self.no_room[shape] = f"no room now in {names}"
         self.no_room_only[shape] = only
         self.wait(task, self.no_room[shape])
-        return False
+        return None
 
     def _options(self, task: TaskInfo, rooms: list[_Room], tenant: TenantInfo) -> Iterator[_Option]:
         """`task`'s options in `rooms`, best score first (then region name), as `_score` ranks
@@ -1066,7 +1198,7 @@ class _Pass:
                 f"{room.region.name}: moved (up or aside) as asked when it yielded, room held for "
                 f"it since; {option.explain(self.settings)}",
             )
-            self.share.add(task)
+            self.share.add(task, room.region)
             placed.add(task.ref)
         return placed
 
@@ -1198,6 +1330,10 @@ class _Pass:
             room = self.rooms[region]
             if shape in tried or room.held_for is not None or room.fits(task):
                 continue
+            # Its tenant's later tasks may have reached the quota since its turn: moving others
+            # aside for it now would make room it could not take.
+            if self.share.over_quota(task) is not None:
+                continue
             moves = self._aside_moves(task, room, budget)
             if moves is None:
                 tried.add(shape)
@@ -1219,6 +1355,7 @@ class _Pass:
                     )
                 )
             room.held_for = task.ref
+            self.share.add(task, room.region)
             reason = (
                 f"{len(moves)} task(s) that may run elsewhere are moving out of {region}, the "
                 "only region it may run in, to make room for it"
@@ -1380,16 +1517,29 @@ class _Pass:
         if best is None:
             self.wait(task, "no room now, and no running task's end would make room")
             return
-        self.reservation = _Reservation(task=task, region=best[1], start_ms=best[0])
+        start_ms, region = best
+        self.reservation = _Reservation(task=task, region=region, start_ms=start_ms)
+        if start_ms <= self.now_ms:
+            # Running tasks' estimated ends have passed: when they end is not known, and a time
+            # of "now" would move with every pass. Nothing ends before it, so only tasks that
+            # leave it room may run there (`_backfill_conflict`).
+            when = "once running tasks there end (their estimates have passed)"
+            held = self.rooms[region].held_for
+            if held is not None:
+                when = f"after {held[0]}[{held[1]}], for which room is held there, {when}"
+            backfill = f"later tasks may run in {region} only if they leave room for it"
+        else:
+            when = f"at {_time_text(start_ms)}"
+            backfill = (
+                f"later tasks may run in {region} only if they end before then or leave room for it"
+            )
         self.wait(
-            task,
-            f"head of the queue: reserved {best[1]}, expected to fit there at "
-            f"{_time_text(best[0])}; smaller tasks backfill around it",
+            task, f"head of the queue: reserved {region}, expected to fit there {when}; {backfill}"
         )
 
-    def _awaiting_yield(self, task: TaskInfo, rooms: list[_Room]) -> bool:
-        """Holds a region where lower-priority tasks already asked to yield will make room for
-        `task`, so it waits for them instead of preempting more."""
+    def _awaiting_yield(self, task: TaskInfo, rooms: list[_Room]) -> _Room | None:
+        """Holds (and returns) a region where lower-priority tasks already asked to yield will
+        make room for `task`, so it waits for them instead of preempting more."""
         for room in rooms:
             if room.held_for is not None:
                 continue
@@ -1421,16 +1571,17 @@ class _Pass:
                     f"waiting for {len(leaving)} {kind} task(s) in {room.region.name} to "
                     "checkpoint and stop",
                 )
-                return True
-        return False
+                return room
+        return None
 
-    def _preempt_for(self, task: TaskInfo, rooms: list[_Room]) -> bool:
-        """Ends lower-priority running tasks in one region to make room for `task`."""
+    def _preempt_for(self, task: TaskInfo, rooms: list[_Room]) -> _Room | None:
+        """Ends lower-priority running tasks in one region to make room for `task`, and holds
+        (and returns) that region."""
         # Forced ends of victims that did not yield in time do not use up the budget.
         asked = sum(not item.force for item in self.decisions.preempts)
         budget = self.settings.preemptions_max - asked
         if budget <= 0:
-            return False
+            return None
         best: tuple[float, str, list[TaskInfo]] | None = None
         for room in rooms:
             if room.held_for is not None:
@@ -1442,7 +1593,7 @@ class _Pass:
             if best is None or (lost_ms, room.region.name) < best[:2]:
                 best = (lost_ms, room.region.name, victims)
         if best is None:
-            return False
+            return None
         lost_ms, region, victims = best
         room = self.rooms[region]
         for victim in victims:
@@ -1463,7 +1614,7 @@ class _Pass:
             f"preempting {len(victims)} lower-priority task(s) in {region} "
             f"(losing {_minutes(lost_ms)} of work since their checkpoints); placed when they stop",
         )
-        return True
+        return room
 
     def _victims(self, task: TaskInfo, room: _Room, budget: int) -> list[TaskInfo] | None:
         if room.lowest_priority() >= task.priority:
@@ -1509,16 +1660,42 @@ class _Pass:
 
 
 def _never_fits(task: TaskInfo, rooms: list[_Room]) -> str:
-    if task.gpus:
-        model = f" {task.gpu_model}" if task.gpu_model else ""
-        most = max((len(room.region.gpus) for room in rooms), default=0)
+    """Why `task` fits none of `rooms` even empty, in terms of the devices it asks for: only
+    GPUs of its model (if it names one) with its memory (if it asks for some) count."""
+    if not _asks_gpu(task) or any(room.gpu_tasks_in_slots for room in rooms):
+        return "no allowed healthy region has CPU slots"
+    model = f"{task.gpu_model} " if task.gpu_model else ""
+    if not task.gpus:
         return (
-            f"needs {task.gpus}{model} GPU(s) in one region; no allowed healthy region has "
-            f"that many (largest: {most})"
+            f"needs {task.gpu_memory_mb} MB on one {model}GPU; no allowed healthy region has "
+            "one with that much memory"
         )
-    if task.gpu_memory_mb:
-        return f"needs {task.gpu_memory_mb} MB on one GPU; no allowed healthy region has one"
-    return "no allowed healthy region has CPU slots"
+    memory = f" with {task.gpu_memory_mb} MB or more each" if task.gpu_memory_mb else ""
+    most = max(
+        (
+            sum(
+                1
+                for gpu in room.region.gpus
+                if (task.gpu_model is None or gpu.model == task.gpu_model)
+                and gpu.memory_mb >= task.gpu_memory_mb
+            )
+            for room in rooms
+        ),
+        default=0,
+    )
+    return (
+        f"needs {task.gpus} {model}GPU(s){memory} in one region; no allowed healthy region has "
+        f"that many (largest: {most})"
+    )
+
+
+def clip_reason(reason: str) -> str:
+    """`reason` as the replicated state keeps it: at most `MESSAGE_BYTES_MAX` bytes of UTF-8,
+    a longer one cut and ended with "..."."""
+    data = reason.encode()
+    if len(data) <= MESSAGE_BYTES_MAX:
+        return reason
+    return data[: MESSAGE_BYTES_MAX - 3].decode(errors="ignore") + "..."
 
 
 def schedule(cluster: Cluster, settings: SchedulerSettings | None = None) -> Decisions:

@@ -68,6 +68,27 @@ def test_round_trip_times_come_as_region_equals_milliseconds() -> None:
         ({"scheduler.move_ups_max": "-1"}, "scheduler.move_ups_max"),
         ({"scheduler.move_aside_loss_max_s": "-1"}, "scheduler.move_aside_loss_max_s"),
         ({"scheduler.move_aside": "sometimes"}, "scheduler.move_aside"),
+        # The scheduler counts whole milliseconds: these would become 0 (session 31's QA pass).
+        (
+            {"scheduler.preemption_grace_s": "0.0004"},
+            "scheduler.preemption_grace_s: must be at least 0.001 s",
+        ),
+        (
+            {"scheduler.default_estimate_s": "0.0001"},
+            "scheduler.default_estimate_s: must be at least 0.001 s",
+        ),
+        (
+            {"scheduler.move_up_min_run_s": "0.0005"},
+            "scheduler.move_up_min_run_s: must be 0 or at least 0.001 s",
+        ),
+        ({"scheduler.move_up_saving_fraction": "5"}, "scheduler.move_up_saving_fraction: must be"),
+        ({"scheduler.move_up_saving_fraction": "1"}, "scheduler.move_up_saving_fraction: must be"),
+        ({"scheduler.seconds_per_dollar": "1e300"}, "scheduler.seconds_per_dollar: must be at"),
+        ({"scheduler.seconds_per_kg_carbon": "4e7"}, "scheduler.seconds_per_kg_carbon: must be"),
+        ({"region.labels": "speed=fast"}, "region.labels: speed = 'fast' must be a number from"),
+        ({"region.labels": "speed=0"}, "region.labels: speed = '0' must be a number from 0.01"),
+        ({"region.labels": "speed=101"}, "region.labels: speed = '101' must be a number"),
+        ({"region.labels": "speed=nan"}, "region.labels: speed = 'nan' must be a number"),
         ({"executor.shm_bytes_max": "0"}, "executor.shm_bytes_max: must be positive"),
         ({"executor.shm_bytes_max": "64MiB"}, "executor.shm_bytes_max"),
         ({"executor.private_network": "true"}, "executor.private_network: applies to workers"),
@@ -284,3 +305,16 @@ def test_an_api_address_on_the_raft_port__is_refused() -> None:
     for http_address in ("127.0.0.1:7001", "127.0.0.2:7001"):
         with pytest.raises(ConfigError, match=r"which raft\.address"):
             load_config(environ={}, overrides={**overrides, "http.address": http_address})
+
+
+def test_scheduler_bounds_and_a_speed_label_in_range_are_accepted() -> None:
+    overrides = {
+        "scheduler.preemption_grace_s": "0.001",
+        "scheduler.move_up_min_run_s": "0",
+        "scheduler.move_up_saving_fraction": "0.99",
+        "scheduler.seconds_per_dollar": str(365 * 24 * 3600),
+        "region.labels": "speed=3.5",
+    }
+    config = load_config(environ={}, overrides={**BASE, **overrides})
+    assert config.scheduler.preemption_grace_s == 0.001
+    assert config.region.labels == {"speed": "3.5"}
