@@ -805,6 +805,11 @@ def _check_executor(executor: ExecutorConfig) -> None:
         "retry_backoff_max_s",
     ):
         _check_positive(f"executor.{name}", getattr(executor, name))
+    if executor.kill_grace_s > 86_400.0:
+        # Each worker is told it (node.executor.protocol.TaskDescription), which takes a day.
+        raise ConfigError(
+            f"setting executor.kill_grace_s: must be at most 86400 (got {executor.kill_grace_s})"
+        )
     if not 1.0 <= executor.lease_ttl_s <= 3600.0:
         raise ConfigError(
             f"setting executor.lease_ttl_s: must be between 1 and 3600 (got {executor.lease_ttl_s})"

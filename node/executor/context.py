@@ -121,6 +121,9 @@ class JobContext:
         self.token = task.token
         self.attempt = task.attempt
         self.args: dict[str, Any] = dict(task.args)
+        # The job's `checkpoint_interval_s`: how often it asked to checkpoint (0: as it sees
+        # fit). xr does not enforce it.
+        self.checkpoint_interval_s = task.checkpoint_interval_s
         self.logger = logger or logging.getLogger("xr.job")
         self._sender = sender
         self._store = store

@@ -19,8 +19,11 @@ Rules:
 - Losing contact is not job death: while proposals fail without a definite answer (no quorum)
   the worker keeps computing; a still-current attempt simply continues when contact returns.
   After `executor.contact_lost_limit_s` without contact the worker is stopped to free devices.
-- Stopping a worker: a `stop` message and SIGTERM to its process group (it may checkpoint), then
-  SIGKILL after `executor.kill_grace_s`.
+- Stopping a worker: a `stop` message, then SIGTERM to its process group once the worker has had
+  a moment to read it (`STOP_MESSAGE_WAIT_S`: the first reason the job sees is the one it keeps),
+  then SIGKILL `executor.kill_grace_s` after the message. It may checkpoint meanwhile.
+- When a worker exits, its process group is killed: processes the job started and left running
+  end with the attempt (one that left the group, with `setsid`, is out of reach).
 - Final updates (completion, failure) are retried with one idempotency key until the log answers,
   so a leader change cannot apply them twice or lose them.
 """
@@ -80,6 +83,12 @@ log = logging.getLogger("xr.executor")
 # How long a final update is retried while the cluster has no quorum before giving up (the
 # attempt's lease then expires and the task runs again elsewhere).
 FINAL_UPDATE_RETRY_S = 600.0
+# How long a worker has to read a `stop` message before SIGTERM follows it (half the kill grace
+# when that is shorter). Its SIGTERM handler sets the stop reason "signal" (after which a job
+# expects its task to run again), and the first reason wins: sent together, SIGTERM often won.
+STOP_MESSAGE_WAIT_S = 1.0
+# How often a worker's exit is looked for (`_exited`).
+EXIT_POLL_S = 0.1
 
 
 def job_environment(node_environment: Mapping[str, str]) -> dict[str, str]:
@@ -464,6 +473,8 @@ class Executor:
             # A shared device caps the worker's memory pool at its share.
             gpu_memory_mb=attempt.grant.shared_memory_mb or spec.gpu_memory_mb,
             private_tmp=private_tmp,
+            kill_grace_s=self.settings.kill_grace_s,
+            checkpoint_interval_s=spec.checkpoint_interval_s,
         )
         environment = worker_environment(user)
         environment.update(
@@ -578,7 +589,11 @@ class Executor:
         watches = [asyncio.create_task(self._keep_alive(attempt))]
         if private is not None and self.settings.tmp_bytes_max is not None:
             watches.append(asyncio.create_task(self._watch_tmp(attempt, private)))
-        exit_code = await attempt.process.wait()
+        exit_code = await _exited(attempt.process)
+        # What the job started and left running (a child process, a daemon) goes with it; it
+        # would also keep the log's pipe open.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(attempt.process.pid, signal.SIGKILL)
         for pump in pumps:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(pump, 5.0)
@@ -641,7 +656,7 @@ class Executor:
                 )
             else:
                 error, retryable = attempt.failure or (
-                    f"worker exited with code {exit_code} without a result: {_tail(log_file)}",
+                    f"worker {_exit_description(exit_code)} without a result: {_tail(log_file)}",
                     True,
                 )
                 await self._propose_final(attempt.fail(error, retryable=retryable))
@@ -858,14 +873,40 @@ class Executor:
         process = attempt.process
         if process is None or process.returncode is not None:
             return
+        grace_s = self.settings.kill_grace_s
         await self._send(attempt, protocol.Stop(reason=reason))
+        # The message first: the job's stop reason is the first one it gets.
+        message_wait_s = min(STOP_MESSAGE_WAIT_S, grace_s / 2)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_exited(process), message_wait_s)
+        if process.returncode is not None:
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(process.wait(), self.settings.kill_grace_s)
+            await asyncio.wait_for(_exited(process), grace_s - message_wait_s)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+
+
+async def _exited(process: asyncio.subprocess.Process) -> int:
+    """The worker's exit code, once it has exited. Not `process.wait()`: on Python 3.11 that
+    also waits for the worker's output pipe to close, which a process the job started and left
+    running holds open (the attempt then ended only with that process)."""
+    while process.returncode is None:
+        await asyncio.sleep(EXIT_POLL_S)
+    return process.returncode
+
+
+def _exit_description(exit_code: int | None) -> str:
+    """How a worker ended, as its failure says: "exited with code 7", "killed by SIGKILL"."""
+    if exit_code is not None and exit_code < 0:
+        try:
+            return f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            return f"killed by signal {-exit_code}"
+    return f"exited with code {exit_code}"
 
 
 def _tail(path: Path | None, characters: int = 1500) -> str:

@@ -24,6 +24,10 @@ executor -> worker
 
 Exit codes: 0 succeeded (a `result` was sent), 1 failed (a `failed` was sent, unless the worker
 could not even start), 3 stopped on request (nothing sent; the parent knows why it asked).
+
+The parent closes its end only after the worker has exited. A worker that sees it close (the
+node died) stops its job and ends within the task's `kill_grace_s`, whether the job returns or
+not.
 """
 
 from __future__ import annotations
@@ -245,6 +249,13 @@ class TaskDescription(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # The worker has /tmp, /var/tmp and /dev/shm of its own (`executor.private_tmp`), empty at
     # its start: a file missing there is named as such in its failure.
     private_tmp: bool = False
+    # `executor.kill_grace_s`: how long the worker lets its job run on once the executor is gone
+    # (its end of the socketpair closed) before it ends the job itself.
+    kill_grace_s: float = 10.0
+    # The job's `checkpoint_interval_s`: how often it asks to checkpoint, in seconds of run time
+    # (0: as the job sees fit). xr does not enforce it; the job reads it as
+    # `ctx.task.checkpoint_interval_s`.
+    checkpoint_interval_s: int = 0
 
     def __post_init__(self) -> None:
         if (self.entrypoint is None) == (self.workload is None):
@@ -253,8 +264,17 @@ class TaskDescription(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ValueError(f"array_size must be in 1..{ARRAY_SIZE_MAX}, got {self.array_size}")
         if not 0 <= self.task_index < self.array_size:
             raise ValueError(f"task_index must be in 0..{self.array_size - 1}")
-        if self.token <= 0 or self.attempt < 0 or self.gpu_memory_mb < 0:
-            raise ValueError("token must be positive; attempt and gpu_memory_mb not negative")
+        if (
+            self.token <= 0
+            or self.attempt < 0
+            or min(self.gpu_memory_mb, self.checkpoint_interval_s) < 0
+        ):
+            raise ValueError(
+                "token must be positive; attempt, gpu_memory_mb and checkpoint_interval_s not "
+                "negative"
+            )
+        if not 0 < self.kill_grace_s <= 86_400:
+            raise ValueError(f"kill_grace_s must be in (0, 86400], got {self.kill_grace_s}")
         if not self.checkpoint_dir:
             raise ValueError("checkpoint_dir must be set")
         area = self.checkpoint_area

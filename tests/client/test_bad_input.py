@@ -155,6 +155,11 @@ CASES: dict[str, tuple[Call, type[Exception], str]] = {
         TypeError,
         "args must be a JSON object: Object of type bytes",
     ),
+    "jobs.submit args bytes beside a field this client does not know": (
+        lambda c: c.jobs.submit("j", workload="w", args={"a": b"x"}, future_field=1),
+        TypeError,
+        "args must be a JSON object: Object of type bytes",
+    ),
     "jobs.submit args NaN": (
         lambda c: c.jobs.submit("j", workload="w", args={"a": float("nan")}),
         ValueError,

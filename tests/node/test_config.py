@@ -89,6 +89,8 @@ def test_round_trip_times_come_as_region_equals_milliseconds() -> None:
         ({"region.labels": "speed=0"}, "region.labels: speed = '0' must be a number from 0.01"),
         ({"region.labels": "speed=101"}, "region.labels: speed = '101' must be a number"),
         ({"region.labels": "speed=nan"}, "region.labels: speed = 'nan' must be a number"),
+        # Each worker is told the grace, and takes at most a day.
+        ({"executor.kill_grace_s": "100000"}, "executor.kill_grace_s: must be at most 86400"),
         ({"executor.shm_bytes_max": "0"}, "executor.shm_bytes_max: must be positive"),
         ({"executor.shm_bytes_max": "64MiB"}, "executor.shm_bytes_max"),
         ({"executor.private_network": "true"}, "executor.private_network: applies to workers"),

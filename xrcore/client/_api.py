@@ -673,9 +673,9 @@ def _check_spec(spec: dict[str, Any]) -> None:
     """Runs the checks the cluster runs on a submitted spec (node/api/jobs.py): the same fields,
     converted to the same `JobSpec`. A spec with a field this version does not know is left to
     the cluster, which may be newer and know it (and whose rules for the other fields may then
-    differ); a cluster that does not know it either answers `InvalidArgument` naming it."""
-    if not set(spec) <= _SPEC_FIELDS:
-        return
+    differ); a cluster that does not know it either answers `InvalidArgument` naming it. Its
+    `args` are checked whatever other fields it has: a field this version does not know does
+    not make bytes in them JSON."""
     document = dict(spec)
     args = document.get("args")
     if isinstance(args, dict):
@@ -693,6 +693,8 @@ def _check_spec(spec: dict[str, Any]) -> None:
     elif "args" in document and not isinstance(args, str):
         # msgspec would say "Expected `str`", naming only the text form of args.
         raise TypeError(f"args must be a JSON object (a dict), not {type(args).__name__}")
+    if not set(spec) <= _SPEC_FIELDS:
+        return
     try:
         msgspec.convert(document, JobSpec)
     except msgspec.ValidationError as error:

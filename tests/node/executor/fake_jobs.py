@@ -45,6 +45,16 @@ def run_until_stopped(ctx: JobContext) -> dict[str, Any]:
     return {"stopped_after": step}
 
 
+def compute_until_stopped(ctx: JobContext) -> dict[str, Any]:
+    """Computes in Python, holding the interpreter's lock (as a job busy in pure Python does),
+    until it is asked to stop."""
+    ctx.progress(1, 0)
+    steps = 0
+    while not ctx.should_stop():
+        steps += 1
+    return {"steps": steps}
+
+
 def ignore_stop(ctx: JobContext) -> dict[str, Any]:
     """Keeps running whatever it is told, so only SIGKILL ends it."""
     import signal
@@ -218,3 +228,30 @@ def count_to(ctx: JobContext) -> dict[str, Any]:
         ctx.progress(done, n)
         time.sleep(0.01)
     return {"counted": n}
+
+
+def leave_behind(ctx: JobContext) -> dict[str, Any]:
+    """Starts a child process and a thread (not a daemon) that outlast the test, and returns
+    the child's pid while both run."""
+    import subprocess
+    import threading
+
+    child = subprocess.Popen(["sleep", "600"])
+    threading.Thread(target=time.sleep, args=(600,)).start()
+    return {"child": child.pid}
+
+
+def kill_itself(ctx: JobContext) -> dict[str, Any]:
+    import signal
+
+    print("about to be killed", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
+def show_task_settings(ctx: JobContext) -> dict[str, Any]:
+    """What of its job's spec and its node's settings the worker was given."""
+    return {
+        "checkpoint_interval_s": ctx.checkpoint_interval_s,
+        "kill_grace_s": ctx.task.kill_grace_s,
+    }

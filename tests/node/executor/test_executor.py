@@ -5,6 +5,7 @@ the wall-time limit, a worker that ignores SIGTERM, and bounded log capture serv
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import stat
@@ -171,6 +172,20 @@ def test_a_job_does_not_inherit_the_nodes_xr_variables(
     _run(tmp_path, body)
 
 
+def test_a_job_s_checkpoint_interval_and_the_kill_grace_reach_its_worker(tmp_path: Path) -> None:
+    """`checkpoint_interval_s` was accepted, checked and stored, and then went nowhere. The
+    worker ends itself `executor.kill_grace_s` after its executor is gone."""
+
+    async def body(api: _Api) -> None:
+        job_id = await api.submit("show_task_settings", checkpoint_interval_s=600)
+        job = await api.finished(job_id)
+        assert job["state"] == "succeeded", job
+        result = json.loads(job["tasks"][0]["result"])
+        assert result == {"checkpoint_interval_s": 600, "kill_grace_s": 1.0}
+
+    _run(tmp_path, body)
+
+
 def test_a_failing_job_is_retried_up_to_max_attempts(tmp_path: Path) -> None:
     async def body(api: _Api) -> None:
         recovers = await api.submit("fail_first_attempts", args={"succeed_on": 3}, max_attempts=3)
@@ -207,6 +222,62 @@ def test_a_crashed_worker_is_a_retryable_failure_with_its_output(tmp_path: Path)
         task = job["tasks"][0]
         assert len(task["attempts"]) == 2
         assert "code 7" in task["error"] and "about to crash" in task["error"]
+
+    _run(tmp_path, body)
+
+
+def test_a_worker_killed_by_a_signal_is_said_to_be(tmp_path: Path) -> None:
+    async def body(api: _Api) -> None:
+        job = await api.finished(await api.submit("kill_itself", max_attempts=1))
+        assert job["state"] == "failed"
+        error = job["tasks"][0]["error"]
+        assert error.startswith("worker killed by SIGKILL without a result"), error
+        assert "about to be killed" in error
+
+    _run(tmp_path, body)
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` is there and not a zombie (killed, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_what_a_job_leaves_running_neither_holds_its_task_nor_outlives_it(tmp_path: Path) -> None:
+    """A thread the job left running kept its worker alive (the task ran on, holding its slot,
+    until the thread ended or the wall time failed it), and a child process it started ran on
+    after the task's end."""
+
+    async def body(api: _Api) -> None:
+        job = await api.finished(await api.submit("leave_behind"))
+        assert job["state"] == "succeeded", job
+        child = json.loads(job["tasks"][0]["result"])["child"]
+        await api.until(lambda: asyncio.to_thread(_running, child), lambda running: not running)
+
+    _run(tmp_path, body)
+
+
+def test_a_cancelled_job_is_told_it_was_cancelled(tmp_path: Path) -> None:
+    """The executor sent SIGTERM with the stop message; the worker's handler often set the
+    reason "signal" first (after which a job expects to run again), and the first reason
+    wins. It did so nearly always for a job busy in Python: the handler runs in the thread that
+    holds the interpreter's lock, while the thread that reads the message waits for it. Several
+    times, since it is a race."""
+
+    async def body(api: _Api) -> None:
+        for _ in range(6):
+            job_id = await api.submit("compute_until_stopped")
+            await api.running(job_id)
+            async with api.http.post(f"/v1/jobs/{job_id}/cancel", json={}) as answer:
+                assert answer.status == 200
+            logs = await api.until(
+                functools.partial(api.get, f"/v1/jobs/{job_id}/logs"),
+                lambda logs: "stopped on request (" in logs["log"],
+            )
+            assert "stopped on request (cancelled)" in logs["log"], logs["log"]
 
     _run(tmp_path, body)
 

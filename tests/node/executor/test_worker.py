@@ -7,6 +7,7 @@ The small jobs at the top are entrypoints the worker subprocess imports from thi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -80,6 +81,67 @@ def refuses(ctx: JobContext) -> dict[str, Any]:
 
 def returns_a_list(ctx: JobContext) -> list[int]:
     return [1, 2, 3]
+
+
+def leaves_a_thread(ctx: JobContext) -> dict[str, Any]:
+    """Returns while a thread it started (not a daemon) still runs, for far longer than the test
+    waits."""
+    import threading
+
+    threading.Thread(target=time.sleep, args=(10 * MESSAGE_WAIT_S,)).start()
+    return {"ok": 1}
+
+
+def ignores_everything(ctx: JobContext) -> dict[str, Any]:
+    """Starts a child process, reports its pid as the metric "child", and then computes forever:
+    it ignores SIGTERM and never polls `should_stop()`."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen(["sleep", str(10 * MESSAGE_WAIT_S)])
+    ctx.progress(1, 0, child=float(child.pid))
+    while True:
+        time.sleep(0.05)
+
+
+def returns_what_json_cannot_hold(ctx: JobContext) -> dict[str, Any]:
+    kind = ctx.args["kind"]
+    if kind == "deep":
+        nested: dict[str, Any] = {}
+        for _ in range(5000):
+            nested = {"x": nested}
+        return nested
+    if kind == "large":
+        return {"text": "x" * 200_000}
+    results: dict[str, dict[str, Any]] = {
+        "nan": {"a": float("nan")},
+        "infinity": {"a": [1.0, -float("inf")]},
+        "bytes": {"a": b"\x00\x01hello"},
+        "surrogate": {"a": "\ud800"},
+    }
+    return results[kind]
+
+
+class UnprintableError(NonRetryableError):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+def refuses_with_a_surrogate(ctx: JobContext) -> dict[str, Any]:
+    raise NonRetryableError("bad \udcff byte")
+
+
+def refuses_without_a_message(ctx: JobContext) -> dict[str, Any]:
+    raise UnprintableError()
+
+
+def raises_a_type_error(ctx: JobContext) -> dict[str, Any]:
+    return {"length": len(ctx)}  # type: ignore[arg-type]
+
+
+def takes_nothing() -> dict[str, Any]:
+    return {}
+
+
+NOT_CALLABLE = 3
 
 
 def checkpoints_twice(ctx: JobContext) -> dict[str, Any]:
@@ -275,6 +337,8 @@ def test_context__a_stop_request_keeps_its_first_reason(tmp_path: Path) -> None:
 class Worker:
     process: subprocess.Popen[bytes]
     channel: Channel
+    # Whether it leads a process group of its own.
+    own_group: bool = False
 
     def receive(self) -> Message | None:
         return self.channel.receive()
@@ -305,8 +369,14 @@ def start(tmp_path: Path) -> Iterator[Any]:
     started: list[Worker] = []
 
     def start_worker(
-        *, workload: str | None = None, entrypoint: str | None = None, **fields: Any
+        *,
+        workload: str | None = None,
+        entrypoint: str | None = None,
+        own_group: bool = False,
+        **fields: Any,
     ) -> Worker:
+        """A worker for the task; with `own_group`, in a process group of its own, as the
+        executor starts it."""
         task = TaskDescription(
             job_id="job-w",
             task_index=0,
@@ -333,14 +403,18 @@ def start(tmp_path: Path) -> Iterator[Any]:
             pass_fds=(child.fileno(),),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            start_new_session=own_group,
         )
         child.close()
-        worker = Worker(process, Channel(parent))
+        worker = Worker(process, Channel(parent), own_group)
         started.append(worker)
         return worker
 
     yield start_worker
     for worker in started:
+        if worker.own_group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.process.pid, signal.SIGKILL)
         if worker.process.poll() is None:
             worker.process.kill()
             worker.process.wait()
@@ -442,6 +516,24 @@ def test_worker__failures_another_attempt_would_repeat_are_not_retryable(
         ({"workload": "gemm", "args": {"n": 0}}, "gemm: n must be an integer in 1..32768, got 0"),
         ({"entrypoint": "no-module"}, "entrypoint 'no-module' is not of the form package.module"),
         ({"entrypoint": f"{MODULE}:nothing"}, f"module '{MODULE}' has no function 'nothing'"),
+        (
+            {"entrypoint": f"{MODULE}:NOT_CALLABLE"},
+            f"entrypoint '{MODULE}:NOT_CALLABLE' is not callable: 'NOT_CALLABLE' in module "
+            f"'{MODULE}' is of type int",
+        ),
+        (
+            {"entrypoint": "os:getcwd"},
+            "entrypoint 'os:getcwd' cannot take the context: too many positional arguments",
+        ),
+        (
+            {"entrypoint": f"{MODULE}:takes_nothing"},
+            f"entrypoint '{MODULE}:takes_nothing' cannot take the context: too many positional",
+        ),
+        ({"entrypoint": f"{MODULE}:returns_a_list"}, "the job returned a list, not a dict"),
+        (
+            {"entrypoint": f"{MODULE}:returns_what_json_cannot_hold", "args": {"kind": "large"}},
+            "the job's result is 200011 bytes as JSON, more than 65536",
+        ),
     ],
 )
 def test_worker__xrs_own_refusals_are_their_message_alone(
@@ -454,6 +546,108 @@ def test_worker__xrs_own_refusals_are_their_message_alone(
     assert len(messages) == 1 and isinstance(messages[0], Failed)
     assert messages[0].error.startswith(message) and "Traceback" not in messages[0].error
     assert messages[0].retryable is False
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("nan", "ValueError: Out of range float values are not JSON compliant"),
+        ("infinity", "ValueError: Out of range float values are not JSON compliant"),
+        ("bytes", "TypeError: Object of type bytes is not JSON serializable"),
+        ("surrogate", "UnicodeEncodeError: 'utf-8' codec can't encode character '\\ud800'"),
+        ("deep", "RecursionError: maximum recursion depth exceeded"),
+    ],
+)
+def test_worker__a_result_json_cannot_hold_exactly_fails_at_once_saying_why(
+    start: Any, kind: str, reason: str
+) -> None:
+    """NaN and infinities became null and bytes base64 text, silently; a lone surrogate and a
+    deep nesting failed with an error that was retried."""
+    worker = start(entrypoint=f"{MODULE}:returns_what_json_cannot_hold", args={"kind": kind})
+    code, messages = worker.finish()
+    assert code == EXIT_FAILED, worker.logs()
+    (failure,) = messages
+    assert isinstance(failure, Failed) and failure.retryable is False
+    assert failure.error.startswith(f"the job's result is not JSON ({reason}"), failure.error
+    assert "Traceback" not in failure.error
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("entrypoint", "message"),
+    [
+        ("refuses_with_a_surrogate", "NonRetryableError: bad \\udcff byte\n"),
+        (
+            "refuses_without_a_message",
+            "UnprintableError: (the UnprintableError's message could not be made into text)\n",
+        ),
+    ],
+)
+def test_worker__a_refusal_whose_message_is_not_text_is_still_reported_and_not_retried(
+    start: Any, entrypoint: str, message: str
+) -> None:
+    """Describing the failure raised: the worker crashed, and the task was retried as a worker
+    that exited with code 1."""
+    worker = start(entrypoint=f"{MODULE}:{entrypoint}")
+    code, messages = worker.finish()
+    assert code == EXIT_FAILED, worker.logs()
+    (failure,) = messages
+    assert isinstance(failure, Failed) and failure.retryable is False
+    assert failure.error.startswith(message), failure.error
+
+
+@pytest.mark.integration
+def test_worker__a_type_error_of_the_jobs_own_is_retried(start: Any) -> None:
+    """Only an entrypoint whose signature cannot take the context is refused as such."""
+    worker = start(entrypoint=f"{MODULE}:raises_a_type_error")
+    code, messages = worker.finish()
+    assert code == EXIT_FAILED, worker.logs()
+    (failure,) = messages
+    assert isinstance(failure, Failed) and failure.retryable is True
+    assert failure.error.startswith("TypeError: object of type 'JobContext' has no len()")
+
+
+@pytest.mark.integration
+def test_worker__a_thread_the_job_leaves_running_does_not_hold_back_its_result(
+    start: Any,
+) -> None:
+    """The interpreter waited for the thread before it exited, and the executor ends an attempt
+    when its worker exits: the task ran on (holding its slot) and hit its wall time."""
+    worker = start(entrypoint=f"{MODULE}:leaves_a_thread")
+    code, messages = worker.finish()
+    assert code == EXIT_SUCCEEDED, worker.logs()
+    assert messages == [Result(result={"ok": 1})]
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` is there and not a zombie (killed, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.integration
+def test_worker__when_the_executor_is_gone_a_job_that_ignores_it_is_ended_with_its_group(
+    start: Any,
+) -> None:
+    """A node killed with kill -9 left its workers running, while their tasks ran again
+    elsewhere: the worker asked a job to stop, but a job that never polls `should_stop()` went
+    on, holding its devices. Now the worker ends after `kill_grace_s`, and, as the leader of its
+    process group, takes what the job started with it."""
+    worker = start(entrypoint=f"{MODULE}:ignores_everything", own_group=True, kill_grace_s=0.5)
+    child = int(worker.receive_until(Progress).metrics["child"])
+    assert _running(child)
+
+    worker.channel.close()  # as the node's death closes it
+
+    worker.process.wait(MESSAGE_WAIT_S)
+    deadline_s = time.monotonic() + MESSAGE_WAIT_S
+    while _running(child) and time.monotonic() < deadline_s:
+        time.sleep(0.05)
+    assert not _running(child)
 
 
 @pytest.mark.integration
