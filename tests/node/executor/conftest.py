@@ -50,3 +50,12 @@ def nobodys_python(monkeypatch: pytest.MonkeyPatch) -> str:
         last = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
         pytest.skip(f"nobody cannot import xr's worker with {SYSTEM_PYTHON} here: {last}")
     return SYSTEM_PYTHON
+
+
+def process_running(pid: int) -> bool:
+    """Whether process `pid` is there and not a zombie (killed, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -20,6 +20,7 @@ import pytest
 from node.config import NodeConfig, load_config
 from node.daemon import Node
 from node.localcluster import free_ports
+from tests.node.executor.conftest import process_running
 
 pytestmark = pytest.mark.integration
 WAIT_S = 60.0
@@ -237,15 +238,6 @@ def test_a_worker_killed_by_a_signal_is_said_to_be(tmp_path: Path) -> None:
     _run(tmp_path, body)
 
 
-def _running(pid: int) -> bool:
-    """Whether process `pid` is there and not a zombie (killed, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_what_a_job_leaves_running_neither_holds_its_task_nor_outlives_it(tmp_path: Path) -> None:
     """A thread the job left running kept its worker alive (the task ran on, holding its slot,
     until the thread ended or the wall time failed it), and a child process it started ran on
@@ -255,7 +247,9 @@ def test_what_a_job_leaves_running_neither_holds_its_task_nor_outlives_it(tmp_pa
         job = await api.finished(await api.submit("leave_behind"))
         assert job["state"] == "succeeded", job
         child = json.loads(job["tasks"][0]["result"])["child"]
-        await api.until(lambda: asyncio.to_thread(_running, child), lambda running: not running)
+        await api.until(
+            lambda: asyncio.to_thread(process_running, child), lambda running: not running
+        )
 
     _run(tmp_path, body)
 

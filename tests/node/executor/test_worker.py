@@ -48,6 +48,7 @@ from node.executor.protocol import (
     encode_task,
     worker_command,
 )
+from tests.node.executor.conftest import process_running
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 MODULE = "tests.node.executor.test_worker"
@@ -620,15 +621,6 @@ def test_worker__a_thread_the_job_leaves_running_does_not_hold_back_its_result(
     assert messages == [Result(result={"ok": 1})]
 
 
-def _running(pid: int) -> bool:
-    """Whether process `pid` is there and not a zombie (killed, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.integration
 def test_worker__when_the_executor_is_gone_a_job_that_ignores_it_is_ended_with_its_group(
     start: Any,
@@ -639,15 +631,15 @@ def test_worker__when_the_executor_is_gone_a_job_that_ignores_it_is_ended_with_i
     process group, takes what the job started with it."""
     worker = start(entrypoint=f"{MODULE}:ignores_everything", own_group=True, kill_grace_s=0.5)
     child = int(worker.receive_until(Progress).metrics["child"])
-    assert _running(child)
+    assert process_running(child)
 
     worker.channel.close()  # as the node's death closes it
 
     worker.process.wait(MESSAGE_WAIT_S)
     deadline_s = time.monotonic() + MESSAGE_WAIT_S
-    while _running(child) and time.monotonic() < deadline_s:
+    while process_running(child) and time.monotonic() < deadline_s:
         time.sleep(0.05)
-    assert not _running(child)
+    assert not process_running(child)
 
 
 @pytest.mark.integration
