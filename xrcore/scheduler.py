@@ -774,6 +774,14 @@ def _minutes(value_ms: float) -> str:
     return f"{value_ms / 60_000:.1f} min"
 
 
+def _named_for(task: TaskInfo, reader: TaskInfo) -> str:
+    """`task` as the reason of `reader`'s task names it: by job and index within a tenant, and
+    only as another tenant's task across tenants (a tenant sees no other tenant's job ids)."""
+    if task.tenant == reader.tenant:
+        return f"{task.job_id}[{task.task_index}]"
+    return "a task of another tenant"
+
+
 def _signed_time(value_ms: float) -> str:
     """A difference of time with its sign, in seconds under a minute, else minutes."""
     if abs(value_ms) < 60_000:
@@ -1022,8 +1030,8 @@ class _Pass:
                 assert reservation is not None
                 runner_up = (
                     f"; {best.room.region.name} scores better ({best.explain(self.settings)})"
-                    f" but would delay {reservation.task.job_id}[{reservation.task.task_index}],"
-                    " which holds a reservation there"
+                    f" but would delay {_named_for(reservation.task, task)}, which holds a "
+                    "reservation there"
                 )
             else:
                 other = next(options, None)
@@ -1044,8 +1052,8 @@ class _Pass:
             assert self.reservation is not None
             self.wait(
                 task,
-                f"would delay {self.reservation.task.job_id}[{self.reservation.task.task_index}]"
-                f", which holds a reservation in {self.reservation.region}",
+                f"would delay {_named_for(self.reservation.task, task)}, which holds a "
+                f"reservation in {self.reservation.region}",
             )
             return None
         ever = [room for room in allowed if room.could_ever_fit(task)]
@@ -1347,7 +1355,7 @@ class _Pass:
                         mover,
                         f"moving aside to {move.option.room.region.name} (speed "
                         f"{move.option.room.region.speed:g}, here {move.here_speed:g}) for "
-                        f"{task.job_id}[{task.task_index}], which may run only in {region}: est. "
+                        f"{_named_for(task, mover)}, which may run only in {region}: est. "
                         f"{_minutes(move.rest_here_ms)} left here, "
                         f"{_minutes(move.option.finish_ms)} there with the data; checkpoints, "
                         f"stops and resumes there (room held)",
@@ -1603,9 +1611,13 @@ class _Pass:
             self.decisions.preempts.append(
                 Preempt.of(
                     victim,
-                    f"preempted for {task.job_id}[{task.task_index}] (priority "
-                    f"{task.priority} over {victim.priority}): checkpoints, stops and "
-                    "resumes from its checkpoint when room frees",
+                    f"preempted for {_named_for(task, victim)} ("
+                    + (
+                        f"priority {task.priority} over {victim.priority}"
+                        if task.tenant == victim.tenant
+                        else "a higher priority"
+                    )
+                    + "): checkpoints, stops and resumes from its checkpoint when room frees",
                 )
             )
         room.held_for = task.ref

@@ -276,3 +276,22 @@ def test_reasons__a_reservation_behind_a_preemptor_names_it() -> None:
         "head of the queue: reserved a, expected to fit there after high[0], for which room is "
         "held there, once running tasks there end (their estimates have passed); "
     )
+
+
+def test_reasons__name_no_other_tenants_job() -> None:
+    """A victim's reason named its preemptor's job and priority, which reached the victim's
+    tenant through `xr job show` and the dashboard (found by the dashboard QA pass, session 31);
+    within one tenant the job is named."""
+    regions = [region("a", 1)]
+    for preemptor_tenant, expected in [
+        ("team-a", "preempted for a task of another tenant (a higher priority)"),
+        ("team-b", "preempted for urgent[0] (priority 777 over 0)"),
+    ]:
+        tasks = [
+            running("victim", "a", token=11, tenant="team-b"),
+            task("urgent", priority=777, tenant=preemptor_tenant),
+        ]
+        (preempt,) = run(regions, tasks).preempts
+        assert preempt.reason.startswith(expected), preempt.reason
+        if preemptor_tenant != "team-b":
+            assert "urgent" not in preempt.reason and "777" not in preempt.reason
