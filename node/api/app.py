@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -43,6 +44,7 @@ from xrcore.codec import SEQ_MAX
 from xrcore.commands import Command
 from xrcore.errors import (
     CapacityExceeded,
+    Forbidden,
     InvalidArgument,
     PayloadTooLarge,
     XrError,
@@ -347,8 +349,25 @@ def _http_error(request: web.Request, error: web.HTTPException) -> tuple[web.Res
     return response, code
 
 
+def _refuse_cross_origin_writes(request: web.Request) -> None:
+    """A write a web page of another origin sent (a browser names the page's origin in
+    `Origin`): refused, Forbidden. With authentication off any page the user opened could
+    otherwise submit, cancel or take locks on a node the browser reaches (cross-site request
+    forgery: a form's POST needs no preflight). The dashboard reads only, and the client, the
+    CLI and other programs send no `Origin`."""
+    origin = request.headers.get("Origin")
+    if origin is None or request.method in READ_METHODS:
+        return
+    if urlsplit(origin).netloc.lower() != request.host.lower():
+        raise Forbidden(
+            f"a write from a web page of another origin ({origin[:200]!r}) is refused: this "
+            "node takes writes from programs, which send no Origin header"
+        )
+
+
 def _authorize(request: web.Request, node: Services) -> None:
     """Who is calling, and whether the route lets them: before the handler, for every route."""
+    _refuse_cross_origin_writes(request)
     rule = rule_for(request)
     if rule is Access.PUBLIC or (rule is Access.OPEN_HEALTH and node.auth.open_health):
         return

@@ -158,3 +158,18 @@ def test_watch__never_shows_another_tenants_changes(api: ApiNode) -> None:
     assert [(event["key"], event["value"]) for event in seen["events"]] == [
         ("isolated-watched", "beta's")
     ]
+
+
+def test_a_write_from_a_web_page_of_another_origin__is_refused(api: ApiNode) -> None:
+    """Cross-site request forgery: any page the user opened could send a form's POST (no
+    preflight) to a node the browser reaches, and with authentication off it was applied (found
+    by the dashboard QA pass, session 31). Programs send no Origin; the node's own origin may
+    write; reads are answered whatever the Origin."""
+    put = {"value": "v"}
+    for origin in ("http://evil.example", "null", "http://127.0.0.1:1"):
+        answer = api.request("PUT", "/v1/kv/csrf-key", json=put, headers={"Origin": origin})
+        assert (answer.status, answer.error_code) == (403, "auth.forbidden"), origin
+    assert api.request("GET", "/v1/kv/csrf-key", headers={"Origin": "null"}).status == 404
+    assert api.request("PUT", "/v1/kv/csrf-key", json=put).status == 200
+    own = {"Origin": "http://node.example:8700", "Host": "node.example:8700"}
+    assert api.request("PUT", "/v1/kv/csrf-key", json=put, headers=own).status == 200
