@@ -125,6 +125,12 @@ class _StoreCollector(Collector):
             "(off the event loop) had the entries, where its followers already had them.",
             status["commits_held_for_own_sync"],
         )
+        yield counter(
+            "xr_raft_entries_undecodable",
+            "Committed entries this node could not decode and skipped: most likely written by "
+            "a node of a newer version (this replica may then differ from the newer ones).",
+            status["entries_undecodable"],
+        )
         refused = CounterMetricFamily(
             "xr_raft_connections_refused",
             "Incoming Raft connections this node closed for what the peer sent, by reason: "

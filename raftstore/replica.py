@@ -31,6 +31,7 @@ import collections
 import contextlib
 import importlib
 import logging
+import math
 import os
 import socket
 import struct
@@ -645,6 +646,10 @@ class Replica(SyncObj):
         pysyncobj's own (`raftstore.loop_poller.LoopPoller` runs it on an event loop)."""
         # Set before SyncObj.__init__, which may load a snapshot and replay the journal.
         self.machine = StateMachine(limits)
+        # Committed entries this replica could not decode (`_undecodable`), counted from the
+        # journal's replay on.
+        self.undecodable_entries = 0
+        self._undecodable_logged_s = -math.inf
         self.state_lock = threading.Lock()
         self.on_applied = on_applied
         self.durable = config.durability == "fsync"
@@ -1136,15 +1141,40 @@ class Replica(SyncObj):
         """Applies each command of a group, in order, at consecutive xrcore indexes."""
         try:
             entries = decode_group(group)
-        except CodecError:
-            # Every replica rejects the same malformed group the same way: nothing applied.
+        except CodecError as error:
+            # Every replica of this version rejects the same malformed group the same way:
+            # nothing applied.
+            self._undecodable(self.raftLastApplied + 1, error.message)
             return []
         with self.state_lock:
             machine = self.machine
             results = [machine.apply(entry, machine.index + 1) for entry in entries]
+        for applied in results:
+            if applied.result.error is not None and applied.result.error.code == CodecError.code:
+                self._undecodable(applied.index, applied.result.error.message)
         if self.on_applied is not None:
             self.on_applied(results)
         return results
+
+    def _undecodable(self, index: int, why: str) -> None:
+        """Counts and logs a committed entry this replica could not decode, and so skipped. A
+        node of this version proposes none, so one is most likely a newer node's (a command or
+        field this version does not know, against a release note), which the newer replicas
+        applied: this one may differ from them from here on. Logged at most once a minute."""
+        self.undecodable_entries += 1
+        now_s = time.monotonic()
+        if now_s - self._undecodable_logged_s < 60.0:
+            return
+        self._undecodable_logged_s = now_s
+        log.error(
+            "committed entry %d could not be decoded by this version and was skipped (%s; %d "
+            "such entries since start): if a node of a newer version wrote it, this replica may "
+            "now differ from the newer ones (docs/operations.md, Upgrades: compare "
+            "/v1/snapshot/hash, and resync this node after upgrading it)",
+            index,
+            why[:300],
+            self.undecodable_entries,
+        )
 
     def _doDestroy(self) -> None:
         super()._doDestroy()

@@ -486,6 +486,9 @@ class RaftStore:
             # Incoming Raft connections this member closed, by reason (raftstore.frames): a
             # peer with another cluster secret, or not among this member's peers, shows here.
             "connections_refused": self.replica.connections_refused(),
+            # Committed entries this member could not decode and skipped: most likely a newer
+            # member's, written against a release note (it may now differ from them).
+            "entries_undecodable": self.replica.undecodable_entries,
         }
 
     async def transfer_leadership(self, address: str, *, timeout_s: float = 5.0) -> None:
