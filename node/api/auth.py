@@ -113,6 +113,7 @@ ROUTE_RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/openapi.json"): Access.PUBLIC,
     # The dashboard's page and files hold no data (`node.api.ui.STATIC_FILES`).
     ("GET", "/ui"): Access.PUBLIC,
+    ("GET", "/ui/"): Access.PUBLIC,
     ("GET", "/ui/app.js"): Access.PUBLIC,
     ("GET", "/ui/style.css"): Access.PUBLIC,
     # The tenant's own objects.

@@ -262,24 +262,33 @@ def _ui_state() -> dict[str, Any]:
             "failures": INTEGER,
             "done": INTEGER,
             "total": INTEGER,
-            "reason": {"type": "string", "description": "Why the task is where it is, or waits."},
-            "error": {"type": ["string", "null"]},
-            "attempts": _list(
-                _object(
-                    {
-                        name: _ATTEMPT[name]
-                        for name in (
-                            "number",
-                            "region",
-                            "token",
-                            "started_at_ms",
-                            "ended_at_ms",
-                            "outcome",
-                            "error",
-                        )
-                    }
-                )
-            ),
+            "reason": {
+                "type": "string",
+                "description": "Why the task is where it is, or waits (at most 256 characters, "
+                "and a note saying how long it was if it was cut).",
+            },
+            "error": {"type": ["string", "null"], "description": "As reason, cut alike."},
+            "attempt_count": {**count, "description": "The task's attempts, all of them."},
+            "attempts": {
+                "description": "The task's latest 8 attempts, oldest first; each error cut after "
+                "128 characters.",
+                **_list(
+                    _object(
+                        {
+                            name: _ATTEMPT[name]
+                            for name in (
+                                "number",
+                                "region",
+                                "token",
+                                "started_at_ms",
+                                "ended_at_ms",
+                                "outcome",
+                                "error",
+                            )
+                        }
+                    )
+                ),
+            },
         }
     )
     summary = {key: value for key, value in _JOB_SUMMARY.items() if key != "tenant"}
@@ -292,8 +301,16 @@ def _ui_state() -> dict[str, Any]:
             "done": INTEGER,
             "total": INTEGER,
             "regions": _list(TEXT),
-            "reason": {"type": "string", "description": "The first unfinished task's reason."},
-            "tasks": _list(_ref("UiTask")),
+            "cancel_reason": {
+                "type": ["string", "null"],
+                "description": "Cut after 256 characters, saying so.",
+            },
+            "reason": {
+                "type": "string",
+                "description": "The first unfinished task's reason (cut after 256 characters).",
+            },
+            "tasks_shown": {**count, "description": "How many tasks `tasks` holds: at most 16."},
+            "tasks": {**_list(_ref("UiTask")), "description": "The job's first tasks."},
         }
     )
     return {
@@ -315,16 +332,30 @@ def _ui_state() -> dict[str, Any]:
                         "term": INTEGER,
                         "commit_index": INTEGER,
                         "applied_index": INTEGER,
-                        "members": _list(
-                            _object(
-                                {
-                                    "region": {"type": ["string", "null"]},
-                                    "connected": BOOLEAN,
-                                    "match_index": {"type": ["integer", "null"]},
-                                }
-                            )
-                        ),
-                    }
+                        "members": {
+                            **_list(
+                                _object(
+                                    {
+                                        "region": {"type": ["string", "null"]},
+                                        "connected": BOOLEAN,
+                                        "match_index": {"type": ["integer", "null"]},
+                                    }
+                                )
+                            ),
+                            "description": "The Raft group's members; only for a caller who "
+                            "may read them (`GET /v1/cluster/members`: operator, admin).",
+                        },
+                    },
+                    required=(
+                        "region",
+                        "state",
+                        "leader",
+                        "leader_region",
+                        "has_quorum",
+                        "term",
+                        "commit_index",
+                        "applied_index",
+                    ),
                 ),
                 "index": INTEGER,
                 "now_ms": TIME_MS,
@@ -343,9 +374,15 @@ def _ui_state() -> dict[str, Any]:
                             "holder": TEXT,
                             "token": INTEGER,
                             "granted_at_ms": TIME_MS,
-                            "waiters": _list(TEXT),
+                            "waiter_count": count,
+                            "waiters": {
+                                **_list(TEXT),
+                                "description": "The first 20 waiting sessions, in queue order.",
+                            },
                         }
-                    )
+                    ),
+                    description="The tenant's locks (at most 100; each name cut after 128 "
+                    "characters, saying so).",
                 ),
                 "lock_count": count,
                 "sessions": _list(
@@ -355,10 +392,15 @@ def _ui_state() -> dict[str, Any]:
                             "ttl_ms": INTEGER,
                             "remaining_ms": INTEGER,
                             "granted_at_ms": TIME_MS,
-                            "locks": _list(TEXT),
+                            "lock_count": count,
+                            "locks": {
+                                **_list(TEXT),
+                                "description": "The names of the session's first 20 locks.",
+                            },
                             "keys": count,
                         }
-                    )
+                    ),
+                    description="The tenant's sessions (at most 100).",
                 ),
                 "session_count": count,
                 "key_count": count,

@@ -16,15 +16,20 @@ the API and scope to the caller's tenant exactly as the jobs, KV, lock and sessi
 The stream reads the local replica without a read barrier (it cannot afford one per update, and
 a dashboard must keep showing a node that lost its quorum) and says `"stale": true`;
 `/v1/ui/state` reads like every other read (`consistency=linearizable` by default). Each list is
-bounded, so a snapshot stays small whatever the cluster holds.
+bounded and each text cut, so a snapshot's size is bounded whatever the cluster holds
+(docs/ui.md, "Cost and size"), and a node builds one snapshot per tenant and index, however many
+dashboards ask for it (`SnapshotCache`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
+import weakref
 from bisect import bisect_left
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +39,11 @@ from aiohttp import web
 from node.api.app import principal, read, services, still_authorized, stream_slot
 from node.api.auth import Permission, Principal
 from node.api.wire import open_event_stream, respond, write_to_stream
+from raftstore.store import RaftStore
 from xrcore import StateMachine, regions
 from xrcore.model import Job, Task, TaskState
 
-__all__ = ["STATIC_FILES", "routes", "snapshot"]
+__all__ = ["STATIC_FILES", "Shared", "SnapshotCache", "routes", "snapshot", "snapshot_cache"]
 
 routes = web.RouteTableDef()
 
@@ -46,6 +52,8 @@ _UI_DIR = Path(__file__).resolve().parent.parent / "ui"
 # same paths public, so they are served without a token.
 STATIC_FILES: dict[str, tuple[str, str]] = {
     "/ui": ("index.html", "text/html; charset=utf-8"),
+    # The page again for a link or bookmark with a trailing slash.
+    "/ui/": ("index.html", "text/html; charset=utf-8"),
     "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/ui/style.css": ("style.css", "text/css; charset=utf-8"),
 }
@@ -60,16 +68,32 @@ _PAGE_HEADERS = {
     "Cache-Control": "no-cache",
 }
 
-# Bounds on one snapshot.
+# Bounds on one snapshot (docs/ui.md, "Cost and size"): whatever the cluster holds, a snapshot
+# carries at most these many of each list, each beside a count of all.
 JOBS_SHOWN_MAX = 50
 TASKS_SHOWN_MAX = 16
+# A task's latest attempts (a task has up to `Limits.attempts_total_max`, 50).
+ATTEMPTS_SHOWN_MAX = 8
 LOCKS_SHOWN_MAX = 100
+# A lock's first waiters in queue order (up to `Limits.lock_waiters_max`, 1,000).
+WAITERS_SHOWN_MAX = 20
 SESSIONS_SHOWN_MAX = 100
+# The first of a session's locks (up to `Limits.locks_per_session_max`, 1,000).
+SESSION_LOCKS_SHOWN_MAX = 20
+# Reasons and errors (up to `MESSAGE_BYTES_MAX`, 4 KiB, each) and lock names (up to
+# `KEY_BYTES_MAX`, 1 KiB) are cut after these many characters, saying so: the page shows a line
+# of each, an attempt's error only in a tooltip.
+TEXT_SHOWN_MAX = 256
+ATTEMPT_ERROR_SHOWN_MAX = 128
+NAME_SHOWN_MAX = 128
 # The stream sends at most one snapshot per interval, and a comment line when nothing was sent
 # for the keepalive interval (so proxies and the browser keep the connection open).
 _EVENTS_INTERVAL_S = 0.25
 _KEEPALIVE_S = 10.0
 _ACTIVE = (TaskState.ASSIGNED, TaskState.RUNNING)
+_UNFINISHED = frozenset({TaskState.PENDING, TaskState.ASSIGNED, TaskState.RUNNING})
+# Tenants whose latest snapshot a node keeps (least recently used dropped first).
+_TENANTS_CACHED_MAX = 32
 
 
 # The page.
@@ -95,16 +119,12 @@ for _path, (_file_name, _content_type) in STATIC_FILES.items():
 # The snapshot.
 
 
-def _region_load(machine: StateMachine) -> dict[str, dict[str, int]]:
-    """Tasks assigned to and running in each region, of every tenant (a count, no names: what
-    a region's free GPU memory already tells any caller who may read regions)."""
-    load: dict[str, dict[str, int]] = {}
-    for job in machine.jobs.values():
-        for task in job.tasks:
-            if task.state in _ACTIVE and task.region is not None:
-                counts = load.setdefault(task.region, {"assigned": 0, "running": 0})
-                counts[task.state.value] += 1
-    return load
+def _clipped(text: str | None, limit: int = TEXT_SHOWN_MAX) -> str | None:
+    """A reason, error or name as the snapshot carries it: cut after `limit` characters, saying
+    so."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}… (cut; {len(text)} characters in all)"
 
 
 def _task_view(task: Task) -> dict[str, Any]:
@@ -115,8 +135,9 @@ def _task_view(task: Task) -> dict[str, Any]:
         "failures": task.failures,
         "done": task.done,
         "total": task.total,
-        "reason": task.reason,
-        "error": task.error,
+        "reason": _clipped(task.reason),
+        "error": _clipped(task.error),
+        "attempt_count": len(task.attempts),
         "attempts": [
             {
                 "number": attempt.number,
@@ -125,9 +146,9 @@ def _task_view(task: Task) -> dict[str, Any]:
                 "started_at_ms": attempt.started_at_ms,
                 "ended_at_ms": attempt.ended_at_ms,
                 "outcome": attempt.outcome,
-                "error": attempt.error,
+                "error": _clipped(attempt.error, ATTEMPT_ERROR_SHOWN_MAX),
             }
-            for attempt in task.attempts
+            for attempt in task.attempts[-ATTEMPTS_SHOWN_MAX:]
         ],
     }
 
@@ -137,6 +158,7 @@ def _job_view(job: Job) -> dict[str, Any]:
     states: dict[str, int] = {}
     for task in tasks:
         states[task.state.value] = states.get(task.state.value, 0) + 1
+    shown = tasks[:TASKS_SHOWN_MAX]
     return {
         "job_id": job.job_id,
         "name": job.spec.name,
@@ -146,59 +168,49 @@ def _job_view(job: Job) -> dict[str, Any]:
         "entrypoint": job.spec.entrypoint,
         "submitted_at_ms": job.submitted_at_ms,
         "array_size": job.spec.array_size,
-        "cancel_reason": job.cancel_reason,
+        "cancel_reason": _clipped(job.cancel_reason),
         "task_states": states,
         "done": sum(task.done for task in tasks),
         "total": sum(task.total for task in tasks),
         "regions": sorted({task.region for task in tasks if task.region is not None}),
         # Why the job is not finished yet: the first unfinished task's reason.
-        "reason": next(
-            (task.reason for task in tasks if not task.state.terminal and task.reason), ""
+        "reason": _clipped(
+            next((task.reason for task in tasks if not task.state.terminal and task.reason), "")
         ),
-        "tasks": [_task_view(task) for task in tasks[:TASKS_SHOWN_MAX]],
+        "tasks_shown": len(shown),
+        "tasks": [_task_view(task) for task in shown],
     }
 
 
-def _tenant_jobs(machine: StateMachine, tenant: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    counts: dict[str, int] = {}
-    newest: list[Job] = []
-    for job_id in reversed(machine.jobs):
-        job = machine.jobs[job_id]
-        if job.spec.tenant != tenant:
-            continue
-        counts[job.state] = counts.get(job.state, 0) + 1
-        if len(newest) < JOBS_SHOWN_MAX:
-            newest.append(job)
-    return [_job_view(job) for job in newest], counts
-
-
-def _tenant_locks(machine: StateMachine, caller: Principal) -> tuple[list[dict[str, Any]], int]:
+def _tenant_locks(machine: StateMachine, prefix: str) -> tuple[list[dict[str, Any]], int]:
     shown: list[dict[str, Any]] = []
     count = 0
     for name, lock in machine.locks.items():
-        unscoped = caller.unscoped(name)
-        if unscoped is None:
+        if not name.startswith(prefix):
             continue
         count += 1
         if len(shown) < LOCKS_SHOWN_MAX:
             shown.append(
                 {
-                    "name": unscoped,
+                    "name": _clipped(name[len(prefix) :], NAME_SHOWN_MAX),
                     "holder": lock.holder,
                     "token": lock.token,
                     "granted_at_ms": lock.granted_at_ms,
-                    "waiters": list(lock.waiters),
+                    "waiter_count": len(lock.waiters),
+                    "waiters": lock.waiters[:WAITERS_SHOWN_MAX],
                 }
             )
     shown.sort(key=lambda lock: lock["name"])
     return shown, count
 
 
-def _tenant_sessions(machine: StateMachine, caller: Principal) -> tuple[list[dict[str, Any]], int]:
+def _tenant_sessions(
+    machine: StateMachine, tenant: str, prefix: str
+) -> tuple[list[dict[str, Any]], int]:
     shown: list[dict[str, Any]] = []
     count = 0
     for session in machine.sessions.values():
-        if session.owner != caller.tenant:
+        if session.owner != tenant:
             continue
         count += 1
         if len(shown) < SESSIONS_SHOWN_MAX:
@@ -208,50 +220,235 @@ def _tenant_sessions(machine: StateMachine, caller: Principal) -> tuple[list[dic
                     "ttl_ms": session.ttl_ms,
                     "remaining_ms": max(0, session.deadline_ms - machine.lease_clock_ms),
                     "granted_at_ms": session.granted_at_ms,
-                    "locks": [caller.unscoped(name) for name in session.locks],
+                    # A session holds only its own tenant's locks.
+                    "lock_count": len(session.locks),
+                    "locks": [
+                        _clipped(name[len(prefix) :], NAME_SHOWN_MAX)
+                        for name in session.locks[:SESSION_LOCKS_SHOWN_MAX]
+                        if name.startswith(prefix)
+                    ],
                     "keys": len(session.keys),
                 }
             )
     return shown, count
 
 
-def _key_count(machine: StateMachine, caller: Principal) -> int:
+def _key_count(machine: StateMachine, tenant: str) -> int:
     # Keys under "<tenant>/" sort between that prefix and "<tenant>0" ("0" follows "/").
     keys = machine.sorted_keys
-    return bisect_left(keys, f"{caller.tenant}0") - bisect_left(keys, caller.prefix)
+    return bisect_left(keys, f"{tenant}0") - bisect_left(keys, f"{tenant}/")
 
 
-def snapshot(machine: StateMachine, caller: Principal) -> dict[str, Any]:
-    """What the dashboard shows of the replicated state, as `caller` may see it."""
-    load = _region_load(machine)
-    region_views = regions.list_(machine)
-    for view in region_views:
-        view["load"] = load.get(view["name"], {"assigned": 0, "running": 0})
-        del view["raft_address"]
-    job_views, job_counts = _tenant_jobs(machine, caller.tenant)
-    lock_views, lock_count = _tenant_locks(machine, caller)
-    session_views, session_count = _tenant_sessions(machine, caller)
+@dataclass(frozen=True, slots=True)
+class _Jobs:
+    """Each tenant's count of jobs, in all and by state, and each region's load (tasks
+    assigned to and running in it, of every tenant: a count, no names, what a region's free GPU
+    memory already tells any caller who may read regions), at one schedule revision. They
+    change only with it: the state machine bumps `schedule_revision` with every change of a
+    task's state or region and every job added or evicted (every change scheduling reads)."""
+
+    schedule_revision: int
+    # Jobs of each tenant: how many, and how many in each state.
+    held: collections.Counter[str]
+    counts: dict[str, dict[str, int]]
+    load: dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Cluster:
+    """What every tenant's snapshot at one index shows alike."""
+
+    index: int
+    jobs: _Jobs
+    regions: list[dict[str, Any]]
+    # Region names by Raft address, to name the leader.
+    region_by_address: dict[str, str]
+
+
+@dataclass(slots=True)
+class Shared:
+    """A tenant's snapshot at one index, shared by every answer that shows it."""
+
+    index: int
+    # When it was built, on the event loop's clock.
+    built_s: float
+    state: dict[str, Any]
+    region_by_address: dict[str, str]
+    # The state as JSON, encoded once for every stream that sends it.
+    encoded: bytes | None = None
+
+    def json(self) -> bytes:
+        if self.encoded is None:
+            self.encoded = msgspec.json.encode(self.state)
+        return self.encoded
+
+
+class SnapshotCache:
+    """The dashboard's snapshots of one node, shared by every stream and `/v1/ui/state` answer
+    that would build the same one.
+
+    A snapshot depends on the replica's index and the caller's tenant (its name scopes the jobs,
+    locks, sessions and keys); what the caller's role changes (the Raft members) is read apart,
+    per answer. Each tenant's latest snapshot is kept, so fifty open dashboards of a tenant cost
+    one snapshot per change, not fifty. What all tenants' snapshots share is kept too: the
+    regions at the latest index, and each tenant's job counts and the regions' load at the latest
+    schedule revision (`_Jobs`), so a snapshot at a new index walks the jobs only to find the
+    tenant's newest, and stops there. A finished job (every task in a terminal state) never
+    changes and job ids are never reused, so its state is remembered across revisions.
+    """
+
+    def __init__(self) -> None:
+        # Tenant snapshots built, by tenant (tests count them).
+        self.builds: collections.Counter[str] = collections.Counter()
+        self._tenants: collections.OrderedDict[str, Shared] = collections.OrderedDict()
+        self._cluster: _Cluster | None = None
+        # Finished jobs' states by job id; ids of evicted jobs are dropped now and then.
+        self._finished: dict[str, str] = {}
+
+    def shared(
+        self,
+        machine: StateMachine,
+        tenant: str,
+        *,
+        now_s: float,
+        newer_than: int | None = None,
+    ) -> Shared:
+        """The tenant's snapshot at the machine's index. With `newer_than` (the index an event
+        stream sent last), a snapshot built less than `_EVENTS_INTERVAL_S` ago at a later index
+        than that one serves too: streams that wake one after another while entries apply keep
+        to one snapshot per interval between them, each sent at most an interval late."""
+        kept = self._tenants.get(tenant)
+        if kept is not None and (
+            kept.index == machine.index
+            or (
+                newer_than is not None
+                and kept.index > newer_than
+                and now_s - kept.built_s < _EVENTS_INTERVAL_S
+            )
+        ):
+            self._tenants.move_to_end(tenant)
+            return kept
+        cluster = self._cluster_at(machine)
+        made = Shared(
+            index=machine.index,
+            built_s=now_s,
+            state=_tenant_state(machine, tenant, cluster),
+            region_by_address=cluster.region_by_address,
+        )
+        self.builds[tenant] += 1
+        self._tenants[tenant] = made
+        self._tenants.move_to_end(tenant)
+        while len(self._tenants) > _TENANTS_CACHED_MAX:
+            self._tenants.popitem(last=False)
+        return made
+
+    def _cluster_at(self, machine: StateMachine) -> _Cluster:
+        if self._cluster is not None and self._cluster.index == machine.index:
+            return self._cluster
+        jobs = self._cluster.jobs if self._cluster is not None else None
+        if jobs is None or jobs.schedule_revision != machine.schedule_revision:
+            jobs = self._jobs(machine)
+        views = regions.list_(machine)
+        for view in views:
+            view["load"] = jobs.load.get(view["name"], {"assigned": 0, "running": 0})
+            del view["raft_address"]
+        self._cluster = _Cluster(
+            index=machine.index,
+            jobs=jobs,
+            regions=views,
+            region_by_address={
+                region.raft_address: name for name, region in machine.regions.items()
+            },
+        )
+        return self._cluster
+
+    def _jobs(self, machine: StateMachine) -> _Jobs:
+        if len(self._finished) > 2 * len(machine.jobs) + JOBS_SHOWN_MAX:
+            self._finished = {
+                job_id: state for job_id, state in self._finished.items() if job_id in machine.jobs
+            }
+        held: collections.Counter[str] = collections.Counter()
+        counts: dict[str, dict[str, int]] = {}
+        load: dict[str, dict[str, int]] = {}
+        for job_id, job in machine.jobs.items():
+            tenant = job.spec.tenant
+            state = self._finished.get(job_id)
+            if state is None:
+                states = set()
+                for task in job.tasks:
+                    states.add(task.state)
+                    if task.state in _ACTIVE and task.region is not None:
+                        region = load.setdefault(task.region, {"assigned": 0, "running": 0})
+                        region[task.state.value] += 1
+                if states.isdisjoint(_UNFINISHED):
+                    state = self._finished[job_id] = job.state
+                else:
+                    # `Job.state` of a job with a task not finished, without its three passes
+                    # over the tasks (most of a snapshot's cost with thousands of jobs waiting).
+                    state = "running" if TaskState.RUNNING in states else "pending"
+            held[tenant] += 1
+            by_state = counts.setdefault(tenant, {})
+            by_state[state] = by_state.get(state, 0) + 1
+        return _Jobs(
+            schedule_revision=machine.schedule_revision, held=held, counts=counts, load=load
+        )
+
+
+def _tenant_state(machine: StateMachine, tenant: str, cluster: _Cluster) -> dict[str, Any]:
+    # The tenant's newest jobs: the walk stops once it has found as many as there are to show.
+    wanted = min(JOBS_SHOWN_MAX, cluster.jobs.held[tenant])
+    newest: list[Job] = []
+    if wanted:
+        for job_id in reversed(machine.jobs):
+            job = machine.jobs[job_id]
+            if job.spec.tenant == tenant:
+                newest.append(job)
+                if len(newest) == wanted:
+                    break
+    prefix = f"{tenant}/"
+    lock_views, lock_count = _tenant_locks(machine, prefix)
+    session_views, session_count = _tenant_sessions(machine, tenant, prefix)
     return {
         "index": machine.index,
         "now_ms": machine.now_ms,
         "revision": machine.revision,
-        "regions": region_views,
-        "jobs": job_views,
-        "job_counts": job_counts,
+        "regions": cluster.regions,
+        "jobs": [_job_view(job) for job in newest],
+        "job_counts": dict(cluster.jobs.counts.get(tenant, {})),
         "locks": lock_views,
         "lock_count": lock_count,
         "sessions": session_views,
         "session_count": session_count,
-        "key_count": _key_count(machine, caller),
+        "key_count": _key_count(machine, tenant),
     }
 
 
-def _node(request: web.Request, region_by_address: dict[str, str]) -> dict[str, Any]:
-    """This node's view of the Raft group."""
+# One cache per node (its store), made on first use.
+_CACHES: weakref.WeakKeyDictionary[RaftStore, SnapshotCache] = weakref.WeakKeyDictionary()
+
+
+def snapshot_cache(store: RaftStore) -> SnapshotCache:
+    """The node's snapshot cache."""
+    cache = _CACHES.get(store)
+    if cache is None:
+        cache = _CACHES[store] = SnapshotCache()
+    return cache
+
+
+def snapshot(machine: StateMachine, caller: Principal) -> dict[str, Any]:
+    """What the dashboard shows of the replicated state, as `caller` may see it (built afresh)."""
+    return SnapshotCache().shared(machine, caller.tenant, now_s=0.0).state
+
+
+def _node(
+    request: web.Request, caller: Principal, region_by_address: dict[str, str]
+) -> dict[str, Any]:
+    """This node's view of the Raft group; its members only for a caller who may read them
+    (`GET /v1/cluster/members` needs the same permission)."""
     node = services(request)
     status = node.store.status()
     leader = status["leader"]
-    return {
+    view: dict[str, Any] = {
         "region": node.config.region.name,
         "state": status["state"],
         "leader": leader,
@@ -260,44 +457,21 @@ def _node(request: web.Request, region_by_address: dict[str, str]) -> dict[str, 
         "term": status["term"],
         "commit_index": status["commit_index"],
         "applied_index": status["applied_index"],
-        "members": [
+    }
+    if caller.may(Permission.READ_MEMBERS):
+        view["members"] = [
             {
                 "region": region_by_address.get(member["address"]),
                 "connected": member["connected"],
                 "match_index": member["match_index"],
             }
             for member in status["members"]
-        ],
-    }
+        ]
+    return view
 
 
-_Found = tuple[dict[str, Any], dict[str, str]]
-
-
-def _query(caller: Principal) -> Callable[[StateMachine], _Found]:
-    """The snapshot, and region names by Raft address (to name the leader), in one read."""
-
-    def query(machine: StateMachine) -> _Found:
-        addresses = {region.raft_address: name for name, region in machine.regions.items()}
-        return snapshot(machine, caller), addresses
-
-    return query
-
-
-def _document(
-    request: web.Request,
-    caller: Principal,
-    found: _Found,
-    *,
-    stale: bool,
-) -> dict[str, Any]:
-    state, region_by_address = found
-    return {
-        "principal": {"name": caller.name, "role": caller.role, "tenant": caller.tenant},
-        "node": _node(request, region_by_address),
-        **state,
-        "stale": stale,
-    }
+def _principal_view(caller: Principal) -> dict[str, str]:
+    return {"name": caller.name, "role": caller.role, "tenant": caller.tenant}
 
 
 def _caller(request: web.Request) -> Principal:
@@ -310,12 +484,31 @@ def _caller(request: web.Request) -> Principal:
 @routes.get("/v1/ui/state")
 async def state(request: web.Request) -> web.Response:
     caller = _caller(request)
-    result = await read(request, _query(caller))
-    return respond(request, _document(request, caller, result.value, stale=result.stale))
+    cache = snapshot_cache(services(request).store)
+    now_s = asyncio.get_running_loop().time()
+    result = await read(request, functools.partial(cache.shared, tenant=caller.tenant, now_s=now_s))
+    shared: Shared = result.value
+    document = {
+        "principal": _principal_view(caller),
+        "node": _node(request, caller, shared.region_by_address),
+        **shared.state,
+        "stale": result.stale,
+    }
+    return respond(request, document)
 
 
-def _event(name: str, data: Any) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"
+def _state_event(request: web.Request, caller: Principal, shared: Shared) -> bytes:
+    """An `event: state` with the shared snapshot's JSON, encoded once for all streams, after
+    what is the caller's own (the principal, the node as it may see it)."""
+    own = msgspec.json.encode(
+        {
+            "principal": _principal_view(caller),
+            "node": _node(request, caller, shared.region_by_address),
+            "stale": True,
+        }
+    )
+    # Both are JSON objects with members: `{own...}` and `{state...}` make `{own..., state...}`.
+    return b"event: state\ndata: " + own[:-1] + b"," + shared.json()[1:] + b"\n\n"
 
 
 @routes.get("/v1/ui/events")
@@ -336,6 +529,7 @@ async def _send_snapshots(
     or the node stops."""
     node = services(request)
     store = node.store
+    cache = snapshot_cache(store)
     loop = asyncio.get_running_loop()
     sent_index = -1
     sent_s = loop.time()
@@ -351,11 +545,16 @@ async def _send_snapshots(
                 return
             index = store.replica.read(lambda machine: machine.index)
             if index != sent_index:
-                document = _document(
-                    request, caller, store.replica.read(_query(caller)), stale=True
+                shared: Shared = store.replica.read(
+                    functools.partial(
+                        cache.shared,
+                        tenant=caller.tenant,
+                        now_s=loop.time(),
+                        newer_than=sent_index,
+                    )
                 )
-                sent_index = document["index"]
-                await write_to_stream(request, response, _event("state", document))
+                sent_index = shared.index
+                await write_to_stream(request, response, _state_event(request, caller, shared))
                 sent_s = loop.time()
                 # The throttle: entries applied meanwhile go into the next snapshot.
                 await asyncio.sleep(_EVENTS_INTERVAL_S)

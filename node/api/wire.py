@@ -61,22 +61,34 @@ def wants_msgpack(request: web.Request) -> bool:
     return any(kind.split(";")[0].strip() in _MSGPACK_TYPES for kind in accept.split(","))
 
 
+# Every answer of the API: its type is the one it says (a browser must not sniff a JSON error
+# that repeats a query string as HTML), and nothing of it is stored by a browser or a proxy (it
+# is one caller's data, read with its token).
+_ANSWER_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+
+
 def respond(request: web.Request, document: Any, *, status: int = 200) -> web.Response:
     if wants_msgpack(request):
         return web.Response(
-            body=_msgpack_encoder.encode(document), status=status, content_type=MSGPACK
+            body=_msgpack_encoder.encode(document),
+            status=status,
+            content_type=MSGPACK,
+            headers=_ANSWER_HEADERS,
         )
     return web.Response(
-        body=_json_encoder.encode(document) + b"\n", status=status, content_type="application/json"
+        body=_json_encoder.encode(document) + b"\n",
+        status=status,
+        content_type="application/json",
+        headers=_ANSWER_HEADERS,
     )
 
 
 async def open_event_stream(request: web.Request) -> web.StreamResponse:
-    """A Server-Sent Events answer, its headers sent (no caching, no proxy buffering)."""
+    """A Server-Sent Events answer, its headers sent (not stored, no proxy buffering)."""
     response = web.StreamResponse(
         headers={
+            **_ANSWER_HEADERS,
             "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no",
         }
     )

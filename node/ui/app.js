@@ -8,18 +8,32 @@ const TOKEN_KEY = "xr.token";
 const TABS = ["cluster", "jobs", "locks", "kv"];
 const RECONNECT_MS_MAX = 10000;
 const LOGS_REFRESH_MS = 2000;
+// While the node has no stream slot free, the page reads the snapshot this often and tries the
+// stream again every STREAM_RETRY_MS.
+const POLL_MS = 2000;
+const STREAM_RETRY_MS = 10000;
+
+// What the page holds of the signed-in caller. Signing out puts these values back, so nothing of
+// one caller is left for the next one in a shared tab.
+function callerState() {
+  return {
+    snapshot: null,
+    selectedJob: null,
+    // The attempt whose log is shown: {jobId, taskIndex, attempt}.
+    logsOf: null,
+    logsFetchedMs: 0,
+    logsIndex: -1,
+    kvPrefix: "",
+    kvNext: null,
+  };
+}
 
 const ui = {
   token: sessionStorage.getItem(TOKEN_KEY) || "",
-  snapshot: null,
   streamAbort: null,
-  selectedJob: null,
-  // The attempt whose log is shown: {jobId, taskIndex, attempt}.
-  logsOf: null,
-  logsFetchedMs: 0,
-  logsIndex: -1,
-  kvPrefix: "",
-  kvNext: null,
+  // Counts sign-outs: an answer to a request made before the latest one is dropped.
+  signOuts: 0,
+  ...callerState(),
 };
 
 // Small helpers.
@@ -113,8 +127,8 @@ async function failure(response) {
   return new ApiError(response.status, code, message);
 }
 
-async function api(path) {
-  const response = await fetch(path, { headers: headers(), cache: "no-store" });
+async function api(path, signal) {
+  const response = await fetch(path, { headers: headers(), cache: "no-store", signal });
   if (!response.ok) {
     const error = await failure(response);
     if (error.status === 401) signOut(error.message);
@@ -140,8 +154,26 @@ function signOut(message) {
   sessionStorage.removeItem(TOKEN_KEY);
   if (ui.streamAbort) ui.streamAbort.abort();
   ui.streamAbort = null;
-  ui.snapshot = null;
+  ui.signOuts += 1;
+  Object.assign(ui, callerState());
+  clearViews();
   showLogin(message);
+}
+
+// Empties every view, hidden ones too: the next caller of a shared tab sees nothing of this one.
+function clearViews() {
+  for (const selector of ["#node-status", "#raft", "#regions", "#rtt", "#job-counts", "#jobs tbody",
+    "#job-detail", "#locks tbody", "#sessions tbody", "#kv tbody"]) {
+    replaceChildren($(selector), []);
+  }
+  for (const selector of ["#who", "#lock-count", "#session-count", "#kv-summary", "#kv-value"]) {
+    $(selector).textContent = "";
+  }
+  for (const selector of ["#job-detail", "#jobs-empty", "#kv-more", "#kv-value"]) {
+    $(selector).hidden = true;
+  }
+  $("#kv-prefix").value = "";
+  showError("");
 }
 
 function signIn(token) {
@@ -152,6 +184,7 @@ function signIn(token) {
   $("#tabs").hidden = false;
   showError("");
   follow();
+  openTab(location.hash.slice(1));
 }
 
 // Live updates: the snapshot stream, with reconnects, or polling while the node has no room
@@ -192,9 +225,11 @@ async function follow() {
         return;
       }
       if (response.status === 429) {
-        // Every stream slot of this node is taken: poll the snapshot until one frees.
-        setLive("polling");
-        await poll();
+        // No stream slot is free (the node's or the tenant's share): poll the snapshot, and try
+        // the stream again now and then. Polling is no failure: no backoff, no "reconnecting".
+        await pollAWhile(controller.signal);
+        delayMs = 500;
+        continue;
       } else if (!response.ok) {
         throw await failure(response);
       } else {
@@ -224,13 +259,21 @@ async function follow() {
   }
 }
 
-async function poll() {
-  try {
-    render(await api("/v1/ui/state?consistency=stale"));
-  } catch (error) {
-    if (error instanceof ApiError) showError(`${error.code}: ${error.message}`);
+// Reads the snapshot every POLL_MS for STREAM_RETRY_MS, or until signed out.
+async function pollAWhile(signal) {
+  setLive("polling");
+  for (let elapsedMs = 0; elapsedMs < STREAM_RETRY_MS && !signal.aborted; elapsedMs += POLL_MS) {
+    try {
+      const snapshot = await api("/v1/ui/state?consistency=stale", signal);
+      if (signal.aborted) return;
+      showError("");
+      render(snapshot);
+    } catch (error) {
+      if (signal.aborted) return;
+      if (error instanceof ApiError) showError(`${error.code}: ${error.message}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
   }
-  await new Promise((resolve) => setTimeout(resolve, 2000));
 }
 
 // Rendering.
@@ -261,7 +304,8 @@ function fact(label, value, id) {
 
 function renderCluster(snapshot) {
   const node = snapshot.node;
-  const connected = node.members.filter((member) => member.connected).length;
+  // The Raft members come only to a caller who may read them (an operator or admin).
+  const members = node.members;
   replaceChildren($("#raft"), [
     fact("Leader", node.leader_region || "none", "leader"),
     fact("This node", `${node.region} (${node.state})`, "this-node"),
@@ -269,8 +313,9 @@ function renderCluster(snapshot) {
     fact("Commit index", node.commit_index, "commit-index"),
     fact("Applied index", node.applied_index, "applied-index"),
     fact("Quorum", node.has_quorum ? "yes" : "no", "quorum"),
-    fact("Peers connected", `${connected} of ${node.members.length}`, "peers"),
-  ]);
+    members ? fact("Peers connected",
+      `${members.filter((member) => member.connected).length} of ${members.length}`, "peers") : null,
+  ].filter((item) => item !== null));
   replaceChildren($("#regions"), snapshot.regions.map((region) => regionCard(snapshot, region)));
   renderHeatMap(snapshot.regions);
 }
@@ -356,7 +401,10 @@ function timeline(job, nowMs) {
     span.style.width = `${Math.max(0, (right - left) * 100).toFixed(1)}%`;
     return span;
   });
-  return h("div", { class: "timeline", title: `${attempts.length} attempt(s)` }, spans);
+  const count = job.tasks.reduce((sum, task) => sum + task.attempt_count, 0);
+  const title = count > attempts.length ? `${count} attempt(s), the latest ${attempts.length} shown`
+    : `${count} attempt(s)`;
+  return h("div", { class: "timeline", title }, spans);
 }
 
 function renderJobs(snapshot) {
@@ -406,12 +454,16 @@ function renderJobDetail(snapshot) {
     h("td", {}, `${task.done} / ${task.total || "?"}`),
     h("td", {}, task.failures),
     h("td", { class: "reason" }, task.error || task.reason || ""),
-    h("td", { class: "attempt-list" }, task.attempts.map((attempt) => h("button", {
-      type: "button",
-      class: "quiet",
-      title: `${attempt.region}, fencing token ${attempt.token}, ${attempt.outcome || "running"}`,
-      onclick: () => showLogs(job.job_id, task.index, attempt.number),
-    }, `#${attempt.number} ${attempt.region} ${attempt.outcome || "running"}`)))));
+    h("td", { class: "attempt-list" },
+      task.attempt_count > task.attempts.length
+        ? h("span", { class: "muted" }, `${task.attempt_count - task.attempts.length} earlier not shown`)
+        : null,
+      task.attempts.map((attempt) => h("button", {
+        type: "button",
+        class: "quiet",
+        title: `${attempt.region}, fencing token ${attempt.token}, ${attempt.outcome || "running"}`,
+        onclick: () => showLogs(job.job_id, task.index, attempt.number),
+      }, `#${attempt.number} ${attempt.region} ${attempt.outcome || "running"}`)))));
   let existingLog = $("#job-log");
   const log = existingLog || h("pre", { class: "log", id: "job-log" });
   if (!existingLog) log.textContent = "Choose an attempt to read its log.";
@@ -442,6 +494,7 @@ function showLogs(jobId, taskIndex, attempt) {
 
 async function fetchLogs(index) {
   const wanted = ui.logsOf;
+  const signOuts = ui.signOuts;
   ui.logsFetchedMs = Date.now();
   ui.logsIndex = index;
   const path = `/v1/jobs/${encodeURIComponent(wanted.jobId)}/logs?task_index=${wanted.taskIndex}` +
@@ -454,7 +507,12 @@ async function fetchLogs(index) {
     text = `The log could not be read: ${error.message}`;
   }
   const log = $("#job-log");
-  if (log && ui.logsOf === wanted) log.textContent = text;
+  if (log && ui.logsOf === wanted && ui.signOuts === signOuts) log.textContent = text;
+}
+
+// "and N more" after a list the snapshot cut.
+function andMore(count, shown) {
+  return count > shown ? h("span", { class: "muted" }, ` and ${count - shown} more`) : null;
 }
 
 function renderLocks(snapshot) {
@@ -464,19 +522,21 @@ function renderLocks(snapshot) {
     h("td", { class: "mono" }, lock.name),
     h("td", { class: "mono" }, lock.holder),
     h("td", {}, lock.token),
-    h("td", { class: "mono" }, lock.waiters.length ? lock.waiters.join(", ") : "—"),
+    h("td", { class: "mono" }, lock.waiters.length ? lock.waiters.join(", ") : "—",
+      andMore(lock.waiter_count, lock.waiters.length)),
     h("td", {}, ago(snapshot.now_ms - lock.granted_at_ms)))));
   replaceChildren($("#sessions tbody"), snapshot.sessions.map((session) => h("tr", { "data-session": session.session_id },
     h("td", { class: "mono" }, session.session_id),
     h("td", {}, duration(session.ttl_ms)),
     h("td", {}, duration(session.remaining_ms)),
-    h("td", { class: "mono" }, session.locks.join(", ") || "—"),
+    h("td", { class: "mono" }, session.locks.join(", ") || "—", andMore(session.lock_count, session.locks.length)),
     h("td", {}, session.keys))));
 }
 
 // The KV browser reads /v1/kv (a page at a time) when asked, not on every update.
 
 async function listKeys(more) {
+  const signOuts = ui.signOuts;
   if (!more) {
     ui.kvPrefix = $("#kv-prefix").value;
     ui.kvNext = null;
@@ -485,6 +545,7 @@ async function listKeys(more) {
   if (more && ui.kvNext !== null) path += `&after=${encodeURIComponent(ui.kvNext)}`;
   try {
     const page = await api(path);
+    if (ui.signOuts !== signOuts) return;
     const rows = page.items.map((item) => {
       const text = item.value === null ? `(binary, ${atob(item.value_base64).length} bytes)` : item.value;
       return h("tr", { class: "clickable", "data-key": item.key, onclick: () => showValue(item) },
@@ -503,7 +564,7 @@ async function listKeys(more) {
       (ui.snapshot ? ` · ${ui.snapshot.key_count} in all` : "");
     showError("");
   } catch (error) {
-    showError(`${error.code}: ${error.message}`);
+    if (ui.signOuts === signOuts) showError(`${error.code}: ${error.message}`);
   }
 }
 
@@ -545,9 +606,12 @@ function start() {
   // The node says in the page whether it needs a token; with authentication off the page
   // reads without one.
   const auth = document.querySelector('meta[name="xr-auth"]').content;
-  if (ui.token || auth === "off") signIn(ui.token);
-  else showLogin();
-  openTab(location.hash.slice(1));
+  if (ui.token || auth === "off") {
+    signIn(ui.token);
+  } else {
+    showLogin();
+    openTab(location.hash.slice(1));
+  }
 }
 
 document.addEventListener("DOMContentLoaded", start);

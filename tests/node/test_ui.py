@@ -16,7 +16,7 @@ from aiohttp import ClientResponse
 
 from node.api.app import create_app
 from node.api.openapi import document
-from node.api.ui import STATIC_FILES
+from node.api.ui import STATIC_FILES, Shared, snapshot_cache
 from node.config import load_config
 from tests.node.conftest import ApiNode, auth_headers, eventually
 from xrcore.commands import TaskAssign
@@ -37,6 +37,8 @@ def test_page_and_files__are_served_without_a_token(api: ApiNode) -> None:
         assert answer.status == 200, path
         assert answer.headers["Content-Type"] == content_type
         assert "frame-ancestors 'none'" in answer.headers["Content-Security-Policy"]
+    # A link or bookmark with a trailing slash got a 401 (session 31's dashboard pass).
+    assert api.request("GET", "/ui/", token=None).body == api.request("GET", "/ui", token=None).body
     page = api.request("GET", "/ui", token=None).body.decode()
     # The node tells the page to ask for a token first; the page holds nothing else of the node.
     assert '<meta name="xr-auth" content="required">' in page
@@ -190,3 +192,112 @@ def test_events__beyond_the_stream_limit__are_429(api: ApiNode) -> None:
 
     status, refused = api.run(body())
     assert (status, refused["error"]["code"]) == (429, "limit.capacity")
+
+
+def test_state_and_events__of_one_tenant__share_one_snapshot_per_index(api: ApiNode) -> None:
+    """Dashboards of one tenant (streams and polls) get one snapshot per index between them,
+    not one each: the node's cost of a tenant's dashboards does not grow with their number."""
+    cache = snapshot_cache(api.store)
+    served: list[Shared] = []
+    build = cache.shared
+
+    def recording(*arguments: Any, **options: Any) -> Shared:
+        shared = build(*arguments, **options)
+        if options["tenant"] == "beta":
+            served.append(shared)
+        return shared
+
+    headers = {**auth_headers("beta"), "Accept": "text/event-stream"}
+
+    async def first_state() -> int:
+        async with api.client.get("/v1/ui/events", headers=headers) as stream:
+            assert stream.status == 200
+            state = await asyncio.wait_for(_next_state(stream, bytearray()), _STREAM_TIMEOUT_S)
+            index: int = state["index"]
+            return index
+
+    async def polled() -> int:
+        answer = await api.call("GET", "/v1/ui/state?consistency=stale", token="beta")
+        index: int = answer.document["index"]
+        return index
+
+    async def body() -> list[int]:
+        await eventually(lambda: api.services.streams == 0)
+        streams = [first_state() for _ in range(3)]
+        polls = [polled() for _ in range(20)]
+        indexes = list(await asyncio.gather(*streams, *polls))
+        # The streams' handlers have ended: none builds after the count below.
+        await eventually(lambda: api.services.streams == 0)
+        return indexes
+
+    builds_before = cache.builds["beta"]
+    cache.shared = recording  # type: ignore[method-assign]
+    try:
+        indexes = api.run(body())
+    finally:
+        del cache.shared
+    # Lease ticks move the index meanwhile: one snapshot for each index served, whoever asked.
+    by_index = {
+        shared.index: {id(item) for item in served if item.index == shared.index}
+        for shared in served
+    }
+    assert len(served) >= len(indexes) == 23
+    assert all(len(built) == 1 for built in by_index.values()), by_index
+    assert cache.builds["beta"] - builds_before == len(by_index) < len(indexes)
+
+
+def test_answers__say_nosniff_and_no_store__the_page_keeps_its_own_headers(api: ApiNode) -> None:
+    answers = {
+        "state": api.request("GET", "/v1/ui/state"),
+        "unauthenticated": api.request("GET", "/v1/ui/state", token=None),
+        # An error that repeats what the request said, before any token is asked for.
+        "reflected": api.request("GET", "/v1/openapi.json?%3Cscript%3Ealert(1)%3C/script%3E=1"),
+        "msgpack": api.request("GET", "/v1/kv?limit=1", headers={"Accept": "application/msgpack"}),
+    }
+    assert answers["reflected"].status == 400
+    for name, answer in answers.items():
+        assert answer.headers["X-Content-Type-Options"] == "nosniff", name
+        assert answer.headers["Cache-Control"] == "no-store", name
+
+    async def stream_headers() -> dict[str, str]:
+        await eventually(lambda: api.services.streams == 0)
+        headers = {**auth_headers("alpha"), "Accept": "text/event-stream"}
+        async with api.client.get("/v1/ui/events", headers=headers) as stream:
+            return dict(stream.headers)
+
+    streamed = api.run(stream_headers())
+    assert streamed["X-Content-Type-Options"] == "nosniff"
+    assert streamed["Cache-Control"] == "no-store"
+    page = api.request("GET", "/ui", token=None)
+    assert (page.headers["X-Content-Type-Options"], page.headers["Cache-Control"]) == (
+        "nosniff",
+        "no-cache",
+    )
+
+
+def test_state__shows_the_raft_members_only_to_who_may_read_them(api: ApiNode) -> None:
+    # /v1/cluster/members needs read_members: a tenant is refused it, an operator is not.
+    assert api.request("GET", "/v1/cluster/members", token="alpha").status == 403
+    assert api.request("GET", "/v1/cluster/members", token="operator").status == 200
+
+    tenant = _state(api, "alpha")
+    operator = _state(api, "operator")
+
+    # (The test node is a group of one: it has no peers to list.)
+    assert "members" not in tenant["node"]
+    assert operator["node"]["members"] == []
+    described = document()
+    for state in (tenant, operator):
+        jsonschema.Draft202012Validator(
+            {"$ref": "#/components/schemas/UiState", "components": described["components"]}
+        ).validate(state)
+
+
+def test_state__says_how_many_of_a_jobs_tasks_it_shows(api: ApiNode) -> None:
+    job_id = api.ok(
+        "POST", "/v1/jobs", json={"name": "ui-array", "workload": "gemm", "array_size": 20}
+    )["job_id"]
+
+    job = next(item for item in _state(api)["jobs"] if item["job_id"] == job_id)
+
+    assert (job["array_size"], job["tasks_shown"], len(job["tasks"])) == (20, 16, 16)
