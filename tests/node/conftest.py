@@ -30,7 +30,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from node.api.app import SERVICES, Services, create_app
 from node.config import NodeConfig, hash_token, load_config
 from raftstore.store import RaftStore
-from xrcore.commands import Command, RegionRegister
+from xrcore.commands import Command, RegionRegister, TaskAssign, TaskClaim
 from xrcore.limits import DEFAULT_LIMITS, Limits
 
 T = TypeVar("T")
@@ -211,6 +211,20 @@ class ApiNode:
         )
         self.propose(command)
         return command.name
+
+    def start_task(self, job_id: str, region: str, *, executor_id: str, lease_ttl_ms: int) -> None:
+        """Places task 0 of `job_id` in `region` and claims it there, as the leader's pass and
+        the region's executor do: the task runs, with its first attempt."""
+        self.propose(TaskAssign(job_id=job_id, task_index=0, region=region))
+        self.propose(
+            TaskClaim(
+                job_id=job_id,
+                task_index=0,
+                region=region,
+                executor_id=executor_id,
+                lease_ttl_ms=lease_ttl_ms,
+            )
+        )
 
     def propose(self, command: Command) -> Any:
         """Applies a command the API does not offer (an executor's task updates)."""

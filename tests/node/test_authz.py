@@ -28,7 +28,7 @@ from node.api.openapi import OPERATIONS
 from node.api.testnet import routes as testnet_routes
 from node.config import NodeConfig
 from tests.node.conftest import TOKENS, ApiNode, auth_headers
-from xrcore.commands import LockAcquire, TaskAssign, TaskClaim
+from xrcore.commands import LockAcquire
 
 pytestmark = pytest.mark.integration
 
@@ -261,16 +261,7 @@ def alpha_objects(api: ApiNode) -> _AlphaObjects:
     job_id = api.ok("POST", "/v1/jobs", json={"name": "authz-iso-job", "workload": "sleep"})[
         "job_id"
     ]
-    api.propose(TaskAssign(job_id=job_id, task_index=0, region=region))
-    api.propose(
-        TaskClaim(
-            job_id=job_id,
-            task_index=0,
-            region=region,
-            executor_id="authz-executor",
-            lease_ttl_ms=600_000,
-        )
-    )
+    api.start_task(job_id, region, executor_id="authz-executor", lease_ttl_ms=600_000)
     api.ok("PUT", "/v1/tenants/alpha", token="admin", json={"weight": 1})
     api.ok("PUT", "/v1/tenants/beta", token="admin", json={"weight": 1})
     return _AlphaObjects(

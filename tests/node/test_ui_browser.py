@@ -28,7 +28,6 @@ import pytest
 from node.config import hash_token
 from node.localcluster import LocalCluster
 from tests.node.conftest import TOKENS, ApiNode
-from xrcore.commands import TaskAssign, TaskClaim
 
 CHROMIUM = Path("/usr/bin/chromium")
 # `make test` installs both (chromium through apt when root, as in CI). Only a developer run
@@ -268,16 +267,7 @@ _SIGNED_OUT_STATE = [None, None, None, "", None]
 def test_sign_out__leaves_nothing_of_the_caller_in_the_page(api: ApiNode, browser: Browser) -> None:
     region = api.register_region()
     job_id = api.ok("POST", "/v1/jobs", json={"name": "ui-gone", "workload": "gemm"})["job_id"]
-    api.propose(TaskAssign(job_id=job_id, task_index=0, region=region))
-    api.propose(
-        TaskClaim(
-            job_id=job_id,
-            task_index=0,
-            region=region,
-            executor_id="ui-gone-executor",
-            lease_ttl_ms=3_600_000,
-        )
-    )
+    api.start_task(job_id, region, executor_id="ui-gone-executor", lease_ttl_ms=3_600_000)
     api.ok("POST", "/v1/locks/ui-gone-lock/acquire", json={"session_id": api.session()})
     api.ok("PUT", "/v1/kv/ui-gone/key", json={"value": "alpha's value"})
     page = browser.new_page()

@@ -42,16 +42,19 @@ def _addresses() -> tuple[str, str]:
 async def _refusals_of(
     tmp_path: Path,
     *,
-    secrets: tuple[str | None, str | None],
     reason: str,
-) -> RaftStore:
+    secrets: tuple[str | None, str | None] = (None, None),
+    second_known_as: str | None = None,
+) -> tuple[RaftStore, str]:
     """Runs two members, the smaller address first, until the first has refused the second's
-    connection for `reason`; returns the first (stopped)."""
+    connection for `reason`; returns the first (stopped) and the second's address. The first
+    knows the second as `second_known_as` ("{port}" for the second's port) when given."""
     first_address, second_address = _addresses()
+    known = second_address if second_known_as is None else second_known_as
     first = RaftStore(
         RaftConfig(
             self_address=first_address,
-            peers=(second_address,),
+            peers=(known.format(port=second_address.rpartition(":")[2]),),
             data_dir=tmp_path / "first",
             cluster_secret=secrets[0],
         )
@@ -71,7 +74,7 @@ async def _refusals_of(
         while not first.status()["connections_refused"].get(reason):
             assert asyncio.get_running_loop().time() < deadline_s, first.status()
             await asyncio.sleep(0.05)
-        return first
+        return first, second_address
     finally:
         await second.stop()
         await first.stop()
@@ -95,7 +98,7 @@ def test_a_peer_with_another_cluster_secret__is_counted_and_logged_once(
     said: str,
 ) -> None:
     caplog.set_level(logging.INFO, logger=frames.__name__)
-    first = asyncio.run(_refusals_of(tmp_path, secrets=secrets, reason="unauthenticated"))
+    first, _ = asyncio.run(_refusals_of(tmp_path, secrets=secrets, reason="unauthenticated"))
     refused = first.status()["connections_refused"]
     assert set(refused) == {"unauthenticated"}, refused
     reports = [r for r in caplog.records if r.name == frames.__name__]
@@ -111,41 +114,13 @@ def test_a_peer_knowing_a_member_by_another_name__is_named_in_the_report(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=frames.__name__)
-    second_address = asyncio.run(_named_otherwise(tmp_path))
+    # The first member knows the second as "localhost:port", which reaches the same port; the
+    # second's handshake names its 127.0.0.1 address, which the first does not have.
+    _, second_address = asyncio.run(
+        _refusals_of(tmp_path, reason="not_a_member", second_known_as="localhost:{port}")
+    )
     messages = [r.getMessage() for r in caplog.records if r.name == frames.__name__]
     assert any(f"it named itself {second_address!r}" in m for m in messages), messages
-
-
-async def _named_otherwise(tmp_path: Path) -> str:
-    # The second member is told the first is at "localhost:port", which reaches the same port;
-    # the first knows the second by its 127.0.0.1 address, so the second's handshake names a
-    # member the first does not have.
-    first_address, second_address = _addresses()
-    first = RaftStore(
-        RaftConfig(
-            self_address=first_address,
-            peers=(second_address.replace("127.0.0.1", "localhost"),),
-            data_dir=tmp_path / "first",
-        )
-    )
-    second = RaftStore(
-        RaftConfig(
-            self_address=second_address,
-            peers=(first_address,),
-            data_dir=tmp_path / "second",
-        )
-    )
-    await first.start()
-    await second.start()
-    try:
-        deadline_s = asyncio.get_running_loop().time() + WAIT_S
-        while not first.status()["connections_refused"].get("not_a_member"):
-            assert asyncio.get_running_loop().time() < deadline_s, first.status()
-            await asyncio.sleep(0.05)
-    finally:
-        await second.stop()
-        await first.stop()
-    return second_address
 
 
 def test_refusals__are_logged_once_a_minute_per_host_and_reason_with_a_count() -> None:
