@@ -60,7 +60,10 @@ def cluster_status() -> int:
     def human() -> None:
         click.echo(
             table(
-                ["ENDPOINT", "REGION", "STATE", "LEADER", "TERM", "COMMIT", "APPLIED", "QUORUM"],
+                [
+                    *["ENDPOINT", "REGION", "STATE", "LEADER", "TERM", "COMMIT", "APPLIED"],
+                    *["QUORUM", "VERSION"],
+                ],
                 [
                     [
                         row["endpoint"],
@@ -71,9 +74,11 @@ def cluster_status() -> int:
                         row["commit_index"],
                         row["applied_index"],
                         row["has_quorum"],
+                        # A node of a release before 0.32.0 does not say.
+                        row["version"] or "before 0.32.0",
                     ]
                     if "error" not in row
-                    else [row["endpoint"], f"error: {row['error']['code']}"] + [None] * 6
+                    else [row["endpoint"], f"error: {row['error']['code']}"] + [None] * 7
                     for row in rows
                 ],
             )
@@ -81,6 +86,10 @@ def cluster_status() -> int:
         for row in rows:
             if "error" in row:
                 click.echo(f"{row['endpoint']}: {row['error']['message']}", err=True)
+            elif row["apply_halted"] is not None:
+                click.echo(f"{row['endpoint']}: stopped applying: {row['apply_halted']}", err=True)
+        if len({row["version"] for row in rows if "error" not in row}) > 1:
+            click.echo("the nodes run different releases (an upgrade under way?)", err=True)
 
     emit({"endpoints": rows}, human)
     answered = [row for row in rows if "error" not in row]

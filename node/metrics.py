@@ -131,6 +131,12 @@ class _StoreCollector(Collector):
             "a node of a newer version (this replica may then differ from the newer ones).",
             status["entries_undecodable"],
         )
+        yield gauge(
+            "xr_raft_apply_halted",
+            "1 while this node has stopped applying the log at an entry written by a newer "
+            "release (it refuses requests until it is upgraded), else 0.",
+            0 if status["apply_halted"] is None else 1,
+        )
         refused = CounterMetricFamily(
             "xr_raft_connections_refused",
             "Incoming Raft connections this node closed for what the peer sent, by reason: "

@@ -46,6 +46,7 @@ import msgspec
 import pysyncobj.syncobj as syncobj_module
 from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import SyncObjExceptionWrongVer
 from pysyncobj.transport import Transport
 
 from raftstore import entries, frames, messages, pickling
@@ -55,6 +56,7 @@ from raftstore.files import fsync_directory, write_file_durably
 from raftstore.guards import back_off_to_commit_index, keep_matching_entries
 from raftstore.messages import PRE_VOTE, PRE_VOTE_RESPONSE
 from xrcore import Applied, StateMachine
+from xrcore.codec import ENVELOPE_VERSION, newer_version
 from xrcore.errors import CodecError, InvalidArgument
 from xrcore.limits import DEFAULT_LIMITS, ENVELOPE_BYTES_MAX, Limits
 
@@ -75,6 +77,27 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class _OncePerMinute(logging.Filter):
+    """Lets pysyncobj's message for an entry it stops at through once a minute: it logs it on
+    every tick while this member waits to be upgraded (`Replica.halted`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._passed_s = -math.inf
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("request to switch to unsupported code version"):
+            return True
+        now_s = time.monotonic()
+        if now_s - self._passed_s < 60.0:
+            return False
+        self._passed_s = now_s
+        return True
+
+
+logging.getLogger(syncobj_module.__name__).addFilter(_OncePerMinute())
 
 # The mode of a Raft directory a member makes (an existing one is left as it is).
 RAFT_DIR_MODE = 0o700
@@ -650,6 +673,9 @@ class Replica(SyncObj):
         # journal's replay on.
         self.undecodable_entries = 0
         self._undecodable_logged_s = -math.inf
+        # Why this replica stopped applying the log (`_halt`), or None while it applies it.
+        self.halted: str | None = None
+        self._halted_logged_s = -math.inf
         self.state_lock = threading.Lock()
         self.on_applied = on_applied
         self.durable = config.durability == "fsync"
@@ -1126,6 +1152,10 @@ class Replica(SyncObj):
     # Overrides SyncObj's private `__doApplyCommand`, which applies one committed entry and raised,
     # on every tick for good, on an entry it could not decode (`raftstore.entries`).
     def _SyncObj__doApplyCommand(self, command: Any) -> Any:
+        if self.halted is not None:
+            # Every later entry too: pysyncobj's apply loop goes on to the next entry after one
+            # that raised, and would apply it in the place of the one this replica stopped at.
+            raise SyncObjExceptionWrongVer(ENVELOPE_VERSION + 1)
         try:
             group = entries.applicable_group(command)
         except entries.BadEntry as error:
@@ -1139,6 +1169,8 @@ class Replica(SyncObj):
     @replicated
     def apply_group(self, group: bytes) -> list[Applied]:
         """Applies each command of a group, in order, at consecutive xrcore indexes."""
+        if self.halted is not None:
+            raise SyncObjExceptionWrongVer(ENVELOPE_VERSION + 1)
         try:
             entries = decode_group(group)
         except CodecError as error:
@@ -1146,6 +1178,9 @@ class Replica(SyncObj):
             # nothing applied.
             self._undecodable(self.raftLastApplied + 1, error.message)
             return []
+        newest = max((newer_version(entry) or 0 for entry in entries), default=0)
+        if newest:
+            self._halt(self.raftLastApplied + 1, newest)
         with self.state_lock:
             machine = self.machine
             results = [machine.apply(entry, machine.index + 1) for entry in entries]
@@ -1155,6 +1190,26 @@ class Replica(SyncObj):
         if self.on_applied is not None:
             self.on_applied(results)
         return results
+
+    def _halt(self, index: int, version: int) -> None:
+        """Stops applying the log at raft entry `index`, which holds an entry of envelope
+        `version`, written by a newer release. Raising `SyncObjExceptionWrongVer` makes pysyncobj
+        leave the entry unapplied and try it again on every tick (as for its own code versions),
+        so the state and the snapshots stay at the entry before; the member still votes and
+        keeps the log, and once upgraded and restarted it applies the log from there. Its store
+        refuses requests meanwhile (`RaftStore`): skipping the entry, as a malformed one is
+        skipped, would make it differ from the newer replicas that apply it."""
+        if self.halted is None:
+            self.halted = (
+                f"raft entry {index} holds an entry of envelope version {version}, written by a "
+                f"newer release (this one reads version {ENVELOPE_VERSION}): this node applies "
+                "nothing past it until it is upgraded (docs/operations.md, Upgrades)"
+            )
+        now_s = time.monotonic()
+        if now_s - self._halted_logged_s >= 60.0:
+            self._halted_logged_s = now_s
+            log.error("stopped applying the log: %s", self.halted)
+        raise SyncObjExceptionWrongVer(version)
 
     def _undecodable(self, index: int, why: str) -> None:
         """Counts and logs a committed entry this replica could not decode, and so skipped. A

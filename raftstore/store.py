@@ -282,6 +282,7 @@ class RaftStore:
     async def _submit(self, entry: bytes | None, timeout_s: float | None) -> Applied | None:
         if self._loop is None or not self._running:
             raise ClusterUnavailable("the store is not running")
+        self._check_applying()
         if self._in_flight_commands >= self.config.proposals_in_flight_max:
             raise Overloaded(
                 f"{self._in_flight_commands} proposals are in flight, the maximum; retry later"
@@ -422,12 +423,21 @@ class RaftStore:
     ) -> ReadResult:
         if consistency not in ("linearizable", "stale"):
             raise InvalidArgument(f"consistency must be linearizable or stale, not {consistency!r}")
+        self._check_applying()
         if consistency == "linearizable" and not self.faults.reads_locally(
             is_leader=self.is_leader
         ):
             await self._submit(None, timeout_s)
         value, index = self.replica.read(lambda machine: (query(machine), machine.index))
         return ReadResult(value=value, index=index, stale=consistency == "stale")
+
+    def _check_applying(self) -> None:
+        """Refuses a request while this replica has stopped applying the log at an entry of a
+        newer release (`Replica.halted`): its state stays where it stopped, so it could answer
+        neither a write nor a read. Another node can (clients try the next endpoint on
+        ClusterUnavailable)."""
+        if self.replica.halted is not None:
+            raise ClusterUnavailable(f"this node must be upgraded: {self.replica.halted}")
 
     # Status and administration.
 
@@ -489,6 +499,8 @@ class RaftStore:
             # Committed entries this member could not decode and skipped: most likely a newer
             # member's, written against a release note (it may now differ from them).
             "entries_undecodable": self.replica.undecodable_entries,
+            # Why this member stopped applying the log (an entry of a newer release), or None.
+            "apply_halted": self.replica.halted,
         }
 
     async def transfer_leadership(self, address: str, *, timeout_s: float = 5.0) -> None:

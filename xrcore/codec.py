@@ -28,6 +28,7 @@ __all__ = [
     "decode_snapshot",
     "encode",
     "encode_snapshot",
+    "newer_version",
 ]
 
 ENVELOPE_VERSION = 1
@@ -118,6 +119,17 @@ def _version_of(data: bytes | memoryview) -> _Version:
         return _version_decoder.decode(data)
     except _DECODE_ERRORS:
         return _Version()
+
+
+def newer_version(data: bytes | memoryview) -> int | None:
+    """The envelope version of an entry a newer release wrote (an integer above
+    `ENVELOPE_VERSION`), or None for an entry of this version or one that is merely malformed.
+    A replica must not skip such an entry, as it skips a malformed one: the newer replicas apply
+    it, and one that skipped it would differ from them from there on (`raftstore.replica`)."""
+    version = _version_of(data).v
+    if type(version) is int and version > ENVELOPE_VERSION:
+        return version
+    return None
 
 
 def decode(data: bytes) -> Envelope:

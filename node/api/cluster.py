@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import ssl
+from importlib.metadata import version as package_version
 from typing import Any
 
 import aiohttp
@@ -22,12 +23,14 @@ from node.config import NodeConfig
 from node.tls import client_context
 from xrcore import regions
 from xrcore.client._transport import read_answer
+from xrcore.codec import ENVELOPE_VERSION
 from xrcore.errors import ClusterUnavailable, NotFound, error_from_code
 
 __all__ = ["FORWARD_SSL_CONTEXT", "forward_target", "routes"]
 
 routes = web.RouteTableDef()
 _FORWARD_TIMEOUT_S = 15.0
+VERSION = package_version("xr")
 # The client context for requests to other nodes, loaded once at start by the daemon; an app
 # without it (built in a test) loads one from the configuration per forwarded request.
 FORWARD_SSL_CONTEXT = web.AppKey("forward_ssl_context", ssl.SSLContext)
@@ -70,6 +73,11 @@ def _status(request: web.Request) -> dict[str, Any]:
         "applied_index": status["applied_index"],
         "machine_index": status["machine_index"],
         "proposals_in_flight": status["proposals_in_flight"],
+        # The release this node runs, the newest log entries it can apply, and why it stopped
+        # applying the log (an entry of a newer release) or None.
+        "version": VERSION,
+        "envelope_version": ENVELOPE_VERSION,
+        "apply_halted": status["apply_halted"],
         # Deliberate bugs switched on for a test run (`raftstore.faults`); empty otherwise.
         "test_faults": node.store.faults.names(),
     }

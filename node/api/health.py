@@ -33,6 +33,8 @@ async def readyz(request: web.Request) -> web.Response:
     reason = None
     if node.stopping.is_set():
         reason = "the node is stopping"
+    elif status["apply_halted"] is not None:
+        reason = f"this node must be upgraded: {status['apply_halted']}"
     elif status["leader"] is None:
         reason = "no leader is known"
     else:

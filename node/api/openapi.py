@@ -695,6 +695,18 @@ def _schemas(*, wait_max_s: float) -> dict[str, Any]:
                     "description": "Deliberate bugs switched on for a test run "
                     "(XR_TEST_FAULTS, see docs/jepsen-faults.md); empty otherwise.",
                 },
+                "version": {**TEXT, "description": "The release this node runs."},
+                "envelope_version": {
+                    **INTEGER,
+                    "description": "The newest version of log entries this node can apply.",
+                },
+                "apply_halted": {
+                    "type": ["string", "null"],
+                    "description": (
+                        "Why this node stopped applying the log (an entry written by a newer "
+                        "release; it refuses requests until it is upgraded), or null."
+                    ),
+                },
             }
         ),
         "Member": _object(

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from node.api.cluster import VERSION
+from raftstore.replica import encode_group
 from tests.client.fake_node import FakeNodes, Reply
-from tests.node.conftest import ApiNode
+from tests.node.conftest import ApiNode, eventually
+from xrcore.codec import ENVELOPE_VERSION
 from xrcore.commands import RegionRegister, TaskAssign, TaskClaim
 
 pytestmark = pytest.mark.integration
@@ -113,3 +118,34 @@ def test_forwarded_request__whose_answer_is_too_long__is_503_without_reading_it_
     finally:
         node.close()
         fakes.close()
+
+
+def test_a_node_stopped_at_an_entry_of_a_newer_release__refuses_requests_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """`tests/raftstore/test_newer_entries.py` has the cluster; here what its API says: reads and
+    writes refused with 503 (clients try the next node), not ready, status and metrics name it."""
+    node = ApiNode(tmp_path)
+    try:
+        assert node.request("PUT", "/v1/kv/k", json={"value": "v"}).status == 200
+        status = node.request("GET", "/v1/cluster/status").document
+        assert (status["version"], status["envelope_version"]) == (VERSION, ENVELOPE_VERSION)
+        assert status["apply_halted"] is None
+        newer = msgspec.msgpack.encode({"v": ENVELOPE_VERSION + 1, "now_ms": 1, "command": {}})
+        group = b"\x00" + pickle.dumps((0, (encode_group([newer]),)), protocol=5)
+        node.store.replica._applyCommand(group, None)
+        node.run(eventually(lambda: node.store.replica.halted is not None))
+
+        for method, path, body in [("PUT", "/v1/kv/k", {"value": "w"}), ("GET", "/v1/kv/k", None)]:
+            answer = node.request(method, path, json=body)
+            assert (answer.status, answer.error_code) == (503, "cluster.unavailable")
+            assert "must be upgraded" in answer.document["error"]["message"]
+        ready = node.request("GET", "/readyz", token=None)
+        assert ready.status == 503
+        assert "newer release" in ready.document["reason"]
+        status = node.request("GET", "/v1/cluster/status").document
+        assert "envelope version" in status["apply_halted"]
+        metrics = node.request("GET", "/metrics", token=None).body.decode()
+        assert 'xr_raft_apply_halted{region="r0"} 1.0' in metrics
+    finally:
+        node.close()

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
@@ -1038,6 +1039,10 @@ def test_region__ls_and_show(run: Callable[..., Ran]) -> None:
 def test_cluster__status_members_transfer_leader(run: Callable[..., Ran]) -> None:
     status = run("cluster", "status", "--json").json()["endpoints"]
     assert len(status) == 3 and all("error" not in row for row in status)
+    assert {row["version"] for row in status} == {package_version("xr")}
+    shown = run("cluster", "status")
+    assert shown.out.splitlines()[0].split()[-1] == "VERSION"
+    assert package_version("xr") in shown.out.splitlines()[1] and shown.err == ""
     members = run("cluster", "members", "--json").json()["items"]
     assert sorted(member["region"] for member in members) == ["r0", "r1", "r2"]
     leader = next(row["region"] for row in status if row["state"] == "leader")

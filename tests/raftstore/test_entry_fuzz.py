@@ -5,8 +5,11 @@ msgpack lists of random or mutated entries, valid entries, oversize entries and 
 than `GROUP_COMMANDS_MAX` entries, mixed in any order, and applied the way pysyncobj applies a
 committed entry (`apply_group(group, _doApply=True)` on the tick thread). The claims:
 
-- `apply_group` never raises: a group that does not decode applies nothing on every replica
-  (an empty result); otherwise each entry gets an `Applied` at the next index, with the codec's
+- `apply_group` never raises, but for a group holding an entry of a newer envelope version
+  (`codec.newer_version`): there it raises `SyncObjExceptionWrongVer`, applies nothing, and so
+  does every group after it (the replica waits to be upgraded, `tests/raftstore/
+  test_newer_entries.py`). A group that does not decode applies nothing on every replica (an
+  empty result); otherwise each entry gets an `Applied` at the next index, with the codec's
   typed error for an entry that does not decode, and that entry changes nothing but the index.
 - Two replicas fed the same groups end with byte-identical state (the state hash is the SHA-256
   of `StateMachine.snapshot()`, as in `raftstore.sim`); so does a third one restored from the
@@ -43,7 +46,7 @@ from raftstore.config import RaftConfig
 from raftstore.replica import GROUP_COMMANDS_MAX, Replica, decode_group, encode_group
 from tests.xrcore.test_codec import BASE_SNAPSHOT, EXAMPLE_BYTES, _mutated
 from xrcore import StateMachine
-from xrcore.codec import decode
+from xrcore.codec import decode, newer_version
 from xrcore.errors import CodecError, XrError
 from xrcore.limits import ENVELOPE_BYTES_MAX
 
@@ -98,8 +101,11 @@ def state_hash(machine: StateMachine) -> str:
 
 
 def apply(replica: Replica, group: Any) -> Any:
-    """Applies a committed entry as pysyncobj does."""
-    return replica.apply_group(group, _doApply=True)  # type: ignore[call-arg]
+    """Applies a committed entry as pysyncobj does; None where the replica stops at it."""
+    try:
+        return replica.apply_group(group, _doApply=True)  # type: ignore[call-arg]
+    except SyncObjExceptionWrongVer:
+        return None
 
 
 # Groups.
@@ -128,7 +134,13 @@ def check_apply(replica: Replica, group: bytes) -> None:
         entries: list[bytes] | None = decode_group(group)
     except CodecError:
         entries = None
+    stops = replica.halted is not None or any(map(newer_version, entries or []))
     results = apply(replica, group)
+    if stops:
+        assert results is None
+        assert replica.halted is not None
+        assert replica.machine.index == before_index
+        return
     if entries is None:
         assert results == []
         assert replica.machine.index == before_index
@@ -207,11 +219,15 @@ _raw_entries = st.one_of(
 )
 
 
-def apply_entry(replica: Replica, entry: bytes) -> None:
-    """Applies a committed entry as pysyncobj's apply loop does."""
-    # A newer code version: pysyncobj stops there by design, until this member is upgraded.
-    with contextlib.suppress(SyncObjExceptionWrongVer):
+def apply_entry(replica: Replica, entry: bytes) -> bool:
+    """Applies a committed entry as pysyncobj's apply loop does; True where the replica stopped
+    at it (a newer code or envelope version: pysyncobj leaves it unapplied by design, until this
+    member is upgraded)."""
+    try:
         getattr(replica, "_SyncObj__doApplyCommand")(entry)  # noqa: B009 - name-mangled
+    except SyncObjExceptionWrongVer:
+        return True
+    return False
 
 
 @given(entries=st.lists(_raw_entries, min_size=1, max_size=8))
@@ -372,3 +388,18 @@ def test_an_entry_this_version_cannot_decode__is_counted_and_logged(
     reports = [r.getMessage() for r in caplog.records if "could not be decoded" in r.getMessage()]
     assert len(reports) == 1, reports
     assert "may now differ from the newer ones" in reports[0]
+
+
+def test_a_group_with_an_entry_of_a_newer_release__applies_nothing_nor_any_group_after_it(
+    replicas: list[Replica],
+) -> None:
+    """Not even the entries before it in its group: the group is one log entry, which pysyncobj
+    leaves unapplied and tries again (`Replica._halt`)."""
+    replica = replicas[0]
+    before = replica.machine.snapshot()
+    newer = msgspec.msgpack.encode({"v": 2, "now_ms": 1, "command": {"type": "tick"}})
+    assert apply(replica, encode_group([EXAMPLE_BYTES[0], newer, EXAMPLE_BYTES[1]])) is None
+    assert apply(replica, encode_group([EXAMPLE_BYTES[0]])) is None
+    assert apply_entry(replica, b"\x00" + pickle.dumps((0, (encode_group([]),)), protocol=5))
+    assert replica.machine.snapshot() == before
+    assert replica.halted is not None and "envelope version 2" in replica.halted

@@ -44,6 +44,7 @@ from xrcore.codec import (
     decode_snapshot,
     encode,
     encode_snapshot,
+    newer_version,
 )
 from xrcore.commands import (
     COMMAND_TYPES,
@@ -590,6 +591,34 @@ def test_decode__future_version_with_a_command_breaking_version_1_rules__is_unsu
     data = _with_command("kv.put", key="k" * (limits.KEY_BYTES_MAX + 1))
     future = _pack({**_unpack(data), "v": ENVELOPE_VERSION + 1})
     _raises_exactly(UnsupportedVersion, lambda: decode(future))
+
+
+@pytest.mark.parametrize(
+    ("version", "newer"),
+    [
+        (ENVELOPE_VERSION + 1, ENVELOPE_VERSION + 1),
+        (1 << 40, 1 << 40),
+        (ENVELOPE_VERSION, None),
+        (0, None),
+        (-2, None),
+        (True, None),
+        ("2", None),
+        (2.0, None),
+        (None, None),
+    ],
+)
+def test_newer_version__is_only_an_integer_version_above_this_releases(
+    version: Any, newer: int | None
+) -> None:
+    """A replica stops at an entry of a newer release (`raftstore.replica`); a malformed one, an
+    older or odd version included, it skips as every member does."""
+    entry = _pack({**_unpack(_with_command("tick")), "v": version})
+    assert newer_version(entry) == newer
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", b"\x92\x01\x02", b"\x81\xa1v\x02"[:-1]])
+def test_newer_version__of_bytes_that_are_no_envelope__is_none(data: bytes) -> None:
+    assert newer_version(data) is None
 
 
 def test_encode__entry_longer_than_envelope_bytes_max__raises_payload_too_large() -> None:

@@ -445,6 +445,11 @@ class ClusterStatus(msgspec.Struct, frozen=True, kw_only=True):
     applied_index: int
     machine_index: int
     proposals_in_flight: int
+    # The release the node runs and the newest log entries it can apply (None from a node of a
+    # release before 0.32.0), and why it stopped applying the log (an entry of a newer release).
+    version: str | None = None
+    envelope_version: int | None = None
+    apply_halted: str | None = None
 
 
 class Member(msgspec.Struct, frozen=True, kw_only=True):
