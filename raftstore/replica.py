@@ -970,6 +970,10 @@ class Replica(SyncObj):
     take_term_from_refusal = True
 
     def _SyncObj__connectedToAnyone(self) -> bool:
+        if self.halted is not None:
+            # It could lead nowhere: it proposes nothing while it waits to be upgraded. It still
+            # votes for the others.
+            return False
         connected = bool(getattr(SyncObj, "_SyncObj__connectedToAnyone")(self))  # noqa: B009
         if not connected or not self._pre_vote_enabled:
             return connected

@@ -238,7 +238,9 @@ class RaftStore:
         interval_s = self.config.lease_tick_interval_s
         while self._running:
             await asyncio.sleep(interval_s)
-            if self.is_leader and self.replica.hasQuorum:
+            if self.is_leader and self.replica.halted is not None:
+                await self._hand_over_leadership()
+            elif self.is_leader and self.replica.hasQuorum:
                 with contextlib.suppress(XrError):
                     await self.propose(Tick(), timeout_s=interval_s * 4)
 
@@ -540,6 +542,24 @@ class RaftStore:
                     # appending ticks, so the target catches up between two of them.
                     pass
             await asyncio.sleep(0.02)
+
+    async def _hand_over_leadership(self) -> None:
+        """Hands the leadership to a member that applies the log, as this one, stopped at an
+        entry of a newer release (`Replica.halted`), proposes nothing: led by it, the cluster
+        would move neither its time (leases) nor its schedule. A member that stopped too does
+        not take over (`Replica._SyncObj__connectedToAnyone`), so with none that applies the log
+        this member stays the leader of a cluster that can do nothing until it is upgraded."""
+        for member in self.status()["members"]:
+            if not (self.is_leader and member["connected"]):
+                continue
+            try:
+                await self.transfer_leadership(
+                    member["address"], timeout_s=2 * self.config.raft_max_timeout_s
+                )
+            except XrError:
+                continue
+            log.warning("leadership handed to %s: %s", member["address"], self.replica.halted)
+            return
 
     async def add_member(self, address: str) -> None:
         """Adds a member. One change at a time: pysyncobj accepts back-to-back changes, which can

@@ -147,3 +147,47 @@ def test_an_entry_of_a_newer_release__stops_every_member_there_and_nothing_is_lo
     monkeypatch.setattr(codec, "decode", _upgraded_decode)
     monkeypatch.setattr(replica_module, "newer_version", lambda entry: None)
     asyncio.run(after_upgrade())
+
+
+def test_a_leader_that_stopped__hands_the_leadership_to_a_member_that_applies_the_log(
+    tmp_path: Path,
+) -> None:
+    """Led by a member that stopped, a cluster proposes nothing: neither lease ticks nor the
+    schedule. Here the two followers stand for newer nodes (they go past the entry); the leader,
+    of this release, stops, hands over, and does not campaign again, not even when the new
+    leader goes."""
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+
+    async def scenario() -> None:
+        stores = _stores(addresses, tmp_path)
+        running = list(stores)
+        try:
+            for store in stores:
+                await store.start()
+            old = await leader_of(stores)
+            newer = [store for store in stores if store is not old]
+            for store in newer:
+                store.replica._halt = lambda index, version: None  # type: ignore[method-assign]
+            old.replica._applyCommand(_raw([_entry("from-newer", 2)]), None)
+            await _eventually(lambda: old.replica.halted is not None, "the old leader stopped")
+            new_leader = await leader_of(newer)
+            (await new_leader.propose(KvPut(key="after", value=b"v"))).result.unwrap()
+            # Long enough for several election timeouts: the stopped member stays a follower.
+            for _ in range(20):
+                await asyncio.sleep(0.1)
+                assert not old.is_leader
+            assert old.status()["leader"] == new_leader.config.self_address
+            # Nor when the leader goes: the one member left that applies the log is elected.
+            running.remove(new_leader)
+            await new_leader.stop()
+            last = next(store for store in newer if store is not new_leader)
+            async with asyncio.timeout(30):
+                while not last.is_leader:
+                    assert not old.is_leader
+                    await asyncio.sleep(0.01)
+            (await last.propose(KvPut(key="last", value=b"v"))).result.unwrap()
+        finally:
+            for store in running:
+                await store.stop()
+
+    asyncio.run(scenario())
