@@ -27,13 +27,18 @@ import sys
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["HelperProcessSync", "OnSynced", "SyncRunner", "SyncRunnerFactory"]
+__all__ = ["HelperFailed", "HelperProcessSync", "OnSynced", "SyncRunner", "SyncRunnerFactory"]
 
 log = logging.getLogger(__name__)
 
-# Told when a sync ends: None if the file is on disk, else why not; and how long the sync itself
-# took, in seconds (the disk's time, not the loop's wait for the answer).
+# Told when a sync ends: None if the file is on disk, else why not (`HelperFailed` where the
+# runner could not sync at all, any other OSError where the disk refused the sync); and how long
+# the sync itself took, in seconds (the disk's time, not the loop's wait for the answer).
 OnSynced = Callable[[OSError | None, float], None]
+
+
+class HelperFailed(OSError):
+    """The runner could not sync at all (its helper is gone): nothing is known of the disk."""
 
 
 class SyncRunner(Protocol):
@@ -165,4 +170,4 @@ class HelperProcessSync:
         """The helper cannot sync anymore: it is stopped and the failure reported."""
         self.close()
         log.error("journal sync helper failed: %s", error)
-        self._on_synced(error, 0.0)
+        self._on_synced(HelperFailed(error.errno, str(error)), 0.0)

@@ -49,8 +49,8 @@ from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjExceptionWrongVer
 from pysyncobj.transport import Transport
 
-from raftstore import entries, frames, messages, pickling
-from raftstore.background_sync import SyncRunner, SyncRunnerFactory
+from raftstore import disk, entries, frames, messages, pickling
+from raftstore.background_sync import HelperFailed, SyncRunner, SyncRunnerFactory
 from raftstore.config import RaftConfig
 from raftstore.files import fsync_directory, write_file_durably
 from raftstore.guards import back_off_to_commit_index, keep_matching_entries
@@ -301,7 +301,7 @@ class DurableJournal:
         self._slow_warned_s = float("-inf")
 
     def _open(self) -> Any:
-        inner = _journal_module.FileJournal(str(self.path))
+        inner = disk.FailStopJournal(str(self.path))
         storer = _DurableMetaStorer(str(self.path) + ".meta")
         setattr(inner, "_FileJournal__metaStorer", storer)  # noqa: B010 - name-mangled
         return inner
@@ -328,7 +328,10 @@ class DurableJournal:
             getattr(mapped, "_ResizableFile__mm").flush()  # noqa: B009
         covers = (self.version, self._last_index(), self._inner.getCurrentTerm())
         started_s = self._clock()
-        self._file_sync(self.descriptor())
+        try:
+            self._file_sync(self.descriptor())
+        except OSError as error:
+            disk.fail_stop(self.path, error)
         self._timed(self._clock() - started_s)
         self._sync_directory_once()
         self._synced(*covers)
@@ -437,13 +440,19 @@ class DurableJournal:
             self._syncing = (version, min(index, kept_index), term)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
+        try:
+            self._compact(entryTo)
+        except OSError as error:
+            disk.fail_stop(self.path, error)
+
+    def _compact(self, entryTo: int) -> None:
         # pysyncobj renamed the new snapshot into place without a directory sync: the log may
         # lose what the snapshot holds only once the snapshot is surely the file on disk.
         fsync_directory(self.path.parent)
         kept = [self._inner[position] for position in range(entryTo, len(self._inner))]
         temporary = self.path.with_name(self.path.name + ".compact")
         temporary.unlink(missing_ok=True)
-        fresh = _journal_module.FileJournal(str(temporary))
+        fresh = disk.FailStopJournal(str(temporary))
         for entry in kept:
             fresh.add(*entry)
         fresh._destroy()
@@ -577,6 +586,9 @@ class Outbox:
     def on_synced(self, error: OSError | None, took_s: float) -> None:
         """The runner's report (on the loop): the sync in progress ended, after `took_s`."""
         self.journal.end_sync(synced=error is None, took_s=took_s)
+        if error is not None and not isinstance(error, HelperFailed):
+            # The disk refused the sync; the runner failing is `HelperFailed`.
+            disk.fail_stop(self.journal.path, error)
         if error is not None:
             # In line from now on: the next flush syncs on the loop, and fails there as a sync
             # in line would (the messages keep waiting).
@@ -676,6 +688,7 @@ class Replica(SyncObj):
         # Why this replica stopped applying the log (`_halt`), or None while it applies it.
         self.halted: str | None = None
         self._halted_logged_s = -math.inf
+        self._snapshot_failure_logged_s = -math.inf
         self.state_lock = threading.Lock()
         self.on_applied = on_applied
         self.durable = config.durability == "fsync"
@@ -718,6 +731,7 @@ class Replica(SyncObj):
         # identify themselves as anything but a member; and nothing a peer sends runs code.
         frames.install()
         pickling.install()
+        disk.install()
         # pysyncobj makes its poller in its constructor through a module function, and hands it
         # to its transport there: the only way in is to stand in for that function meanwhile.
         create_poller = syncobj_module.createPoller
@@ -1292,11 +1306,22 @@ class Replica(SyncObj):
     def _write_snapshot(self, path: str, raft_data: Any) -> None:
         with self.state_lock:
             state = self.machine.snapshot()
-        with Path(path).open("wb") as file:
-            file.write(encode_raft_snapshot(raft_data, state))
-            if self.durable:
-                file.flush()
-                os.fsync(file.fileno())
+        try:
+            with Path(path).open("wb") as file:
+                file.write(encode_raft_snapshot(raft_data, state))
+                if self.durable:
+                    file.flush()
+                    os.fsync(file.fileno())
+        except OSError as error:
+            # pysyncobj drops the error without a word and tries again at a later tick; the log
+            # keeps the entries the snapshot would have held. Said once a minute.
+            now_s = time.monotonic()
+            if now_s - self._snapshot_failure_logged_s >= 60.0:
+                self._snapshot_failure_logged_s = now_s
+                log.error(
+                    "cannot write the snapshot %s (%s): the log keeps its entries", path, error
+                )
+            raise
 
     def _read_snapshot(self, path: str) -> Any:
         data = Path(path).read_bytes()
@@ -1383,7 +1408,9 @@ def _seed(config: RaftConfig, state: bytes, meta_file: Path) -> None:
     first, last = (no_op, 1, 1), (no_op, 2, 1)
     members = {TCPNode(address) for address in (config.self_address, *config.peers)}
     write_file_durably(config.snapshot_file, encode_raft_snapshot((last, first, members), state))
-    journal = _journal_module.FileJournal(str(config.journal_file))
+    # pysyncobj's own journal class, not the one that stops the process on a failed write: the
+    # caller removes what was written and reports the error.
+    journal = disk.PlainFileJournal(str(config.journal_file))
     setattr(  # noqa: B010 - name-mangled
         journal, "_FileJournal__metaStorer", _DurableMetaStorer(str(meta_file))
     )
