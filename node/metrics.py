@@ -288,6 +288,32 @@ class _ConnectionsCollector(Collector):
         )
 
 
+class AuditSource(Protocol):
+    """What the audit log reports (`node.api.audit.AuditLog`)."""
+
+    @property
+    def records_lost(self) -> int: ...
+
+
+class _AuditCollector(Collector):
+    """The audit log's lost records, read from it when scraped (0 while none is attached: the
+    audit log is off, or not open yet)."""
+
+    def __init__(self, metrics: NodeMetrics) -> None:
+        self.metrics = metrics
+        self.created_s = time.time()
+
+    def collect(self) -> Iterator[Any]:
+        source = self.metrics.audit
+        yield CounterMetricFamily(
+            "xr_audit_records_lost",
+            "Audit log records this node could not write (a full disk, a read-only file system); "
+            "their requests were answered all the same. Reported on stderr at most once a minute.",
+            value=source.records_lost if source else 0,
+            created=self.created_s,
+        )
+
+
 class NodeMetrics:
     def __init__(self, store: RaftStore, region: str) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -333,6 +359,9 @@ class NodeMetrics:
         # Set by the daemon once its HTTP runner exists.
         self.connections: ConnectionsSource | None = None
         self.registry.register(_ConnectionsCollector(self))
+        # Set while the application's audit log is open.
+        self.audit: AuditSource | None = None
+        self.registry.register(_AuditCollector(self))
 
     def observe(self, route: str, method: str, status: int, duration_s: float) -> None:
         self.requests.labels(route, method, str(status)).inc()

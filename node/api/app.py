@@ -496,6 +496,8 @@ async def _audit_log(app: web.Application) -> AsyncIterator[None]:
             files_max=node.config.audit.files_max,
             clock=node.clock,
         )
+        # Left attached when the log closes, so the count does not fall back to 0.
+        node.metrics.audit = node.audit
     try:
         yield
     finally:

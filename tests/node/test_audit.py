@@ -4,13 +4,17 @@ Each test serves an application with its own audit file on the shared node's sto
 succeeds, one refused with 403 and one without a token each leave a line with every field; a read
 leaves none; the token and the body sent never reach the file; the file rotates, keeping at most
 `audit.files_max` files in all, each under `audit.bytes_max`; `audit.enabled = false` writes
-nothing.
+nothing. A disk that fails its writes (ENOSPC) or its renames (a read-only directory) fails no
+request: each record it loses is counted (`xr_audit_records_lost`), the failure is reported at
+most once a minute, and once more when lines are written again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,10 +23,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from node.api.app import create_app
-from node.api.audit import AuditLog, _TimeText
+from node.api.app import SERVICES, create_app
+from node.api.audit import REPORT_INTERVAL_S, AuditLog, _RotatingFile, _TimeText
 from node.api.auth import Principal
 from node.config import AuditConfig
+from node.metrics import NodeMetrics
 from raftstore.clock import RealClock
 from tests.node.conftest import TOKENS, ApiNode
 
@@ -300,3 +305,224 @@ def test_close__a_file_that_cannot_be_flushed__is_reported_not_raised(
     monkeypatch.setattr(log._handler, "close", full)
     log.close()
     assert "cannot write the audit log" in capsys.readouterr().err
+
+
+class _ManualClock:
+    """Wall time as it is; monotonic time moves only when a test moves it."""
+
+    def __init__(self) -> None:
+        self._real = RealClock()
+        self.monotonic = 1000.0
+
+    def now_ms(self) -> int:
+        return self._real.now_ms()
+
+    def monotonic_s(self) -> float:
+        return self.monotonic
+
+
+@dataclasses.dataclass
+class _FillingDisk:
+    """The audit file's disk: its next `failures` writes fail with ENOSPC, as a full disk's do
+    (with `cut`, each after writing half its text, as a disk filling in the middle of a line),
+    and later ones succeed. A stream left holding text it could not write fails to close while
+    the disk is full, as a buffered file does."""
+
+    failures: int = 0
+    cut: bool = False
+
+    def attach(self, handler: _RotatingFile, monkeypatch: pytest.MonkeyPatch) -> None:
+        opened = handler._open
+        monkeypatch.setattr(handler, "_open", lambda: _FailingStream(opened(), self))
+        assert handler.stream is not None
+        handler.stream = _FailingStream(handler.stream, self)  # type: ignore[assignment]
+
+
+class _FailingStream:
+    def __init__(self, stream: Any, disk: _FillingDisk) -> None:
+        self._stream = stream
+        self._disk = disk
+        self._holding = False
+        self._closed = False
+
+    def write(self, text: str) -> int:
+        if self._closed:
+            raise ValueError("I/O operation on closed file.")
+        if self._disk.failures > 0:
+            self._disk.failures -= 1
+            self._holding = True
+            if self._disk.cut:
+                self._stream.write(text[: len(text) // 2])
+                self._stream.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return int(self._stream.write(text))
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._closed = True
+        self._stream.close()
+        if self._holding and self._disk.failures > 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _messages(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return capsys.readouterr().err.splitlines()
+
+
+def _lost_in(message: str) -> int:
+    match = re.search(r"; (\d+) records? lost since the last message", message)
+    assert match, message
+    return int(match.group(1))
+
+
+def test_a_full_disk__is_reported_once_a_minute_counted_and_its_end_reported(
+    api: ApiNode,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A QA pass with a full disk saw 4,612 messages in 10 s, one per request, and no metric.
+    clock = _ManualClock()
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, bytes_max=1 << 20, files_max=2, clock=clock)
+    metrics = NodeMetrics(api.store, "audit")
+    metrics.audit = log
+    disk = _FillingDisk(failures=250)
+    disk.attach(log._handler, monkeypatch)
+    try:
+        # One record a second: 250 fail, over 4 minutes and 10 s, then the disk has room.
+        for number in range(260):
+            _record(log, number)
+            clock.monotonic += 1.0
+    finally:
+        log.close()
+
+    *failures, recovery = _messages(capsys)
+    # One message when the first record is lost, then one at the first loss in each minute.
+    assert len(failures) == 5
+    for message in failures:
+        assert message.startswith(f"xr: cannot write the audit log {path}: ")
+        assert "No space left on device" in message
+    assert [_lost_in(message) for message in failures] == [1, 60, 60, 60, 60]
+    assert recovery.startswith(f"xr: the audit log {path} is being written again; ")
+    assert _lost_in(recovery) == 250 - 241
+    assert log.records_lost == 250
+    assert metrics.registry.get_sample_value("xr_audit_records_lost_total") == 250
+    # The file lacks exactly the lost records.
+    assert [line["index"] for line in _read(path)] == list(range(250, 260))
+
+
+def test_a_disk_failing_on_and_off__gives_at_most_two_messages_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = _ManualClock()
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, bytes_max=1 << 20, files_max=2, clock=clock)
+    disk = _FillingDisk()
+    disk.attach(log._handler, monkeypatch)
+    try:
+        for number in range(100):
+            disk.failures = number % 2
+            _record(log, number)
+        assert len(_messages(capsys)) == 2
+        clock.monotonic += REPORT_INTERVAL_S
+        _record(log, 100)
+    finally:
+        log.close()
+    [late] = _messages(capsys)
+    # The 50 losses: the first in the first message, the others in the late one.
+    assert "is being written again" in late
+    assert _lost_in(late) == 49
+    assert log.records_lost == 50
+    assert [line["index"] for line in _read(path)] == list(range(0, 101, 2))
+
+
+def test_a_line_the_disk_cut_short__is_ended_before_the_next_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, bytes_max=1 << 20, files_max=2, clock=_ManualClock())
+    disk = _FillingDisk(cut=True)
+    disk.attach(log._handler, monkeypatch)
+    try:
+        for number in range(3):
+            disk.failures = 1 if number == 1 else 0
+            _record(log, number)
+    finally:
+        log.close()
+    first, cut, second = path.read_text().splitlines()
+    assert json.loads(first)["index"] == 0
+    assert cut.startswith('{"time"') and not cut.endswith("}")
+    assert json.loads(second)["index"] == 2
+    assert log.records_lost == 1
+
+
+def test_rotation_on_a_full_disk__counts_the_lost_records_and_rotates_again_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, bytes_max=4096, files_max=3, clock=_ManualClock())
+    disk = _FillingDisk()
+    disk.attach(log._handler, monkeypatch)
+    try:
+        # About 230 bytes a line: 16 fill a file, and the 17th rotates it. The disk is full
+        # from that one on: the rotation happens, and the line fails in the new file.
+        for number in range(16):
+            _record(log, number)
+        disk.failures = 30
+        for number in range(16, 46):
+            _record(log, number)
+        for number in range(46, 60):
+            _record(log, number)
+    finally:
+        log.close()
+    assert log.records_lost == 30
+    failure, recovery = _messages(capsys)
+    assert "cannot write the audit log" in failure
+    assert _lost_in(recovery) == 29
+    # One rotation, not one per failed line (which would have pushed the first file out).
+    assert sorted(file.name for file in tmp_path.iterdir()) == ["audit.log", "audit.log.1"]
+    assert [line["index"] for line in _read(tmp_path / "audit.log.1")] == list(range(16))
+    assert [line["index"] for line in _read(path)] == list(range(46, 60))
+
+
+def test_rotation_refused__writes_on_to_the_live_file_and_is_reported_once_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A read-only directory refuses the rename, which the tests' root user would not see.
+    clock = _ManualClock()
+    path = tmp_path / "audit.log"
+    log = AuditLog(path, bytes_max=4096, files_max=3, clock=clock)
+    handler = log._handler
+
+    def refused(source: str, destination: str) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), source)
+
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(handler, "rotate", refused)
+            for number in range(40):
+                _record(log, number)
+            clock.monotonic += REPORT_INTERVAL_S
+            _record(log, 40)
+        # The directory is writable again: the next line rotates.
+        _record(log, 41)
+    finally:
+        log.close()
+    messages = _messages(capsys)
+    assert len(messages) == 2
+    for message in messages:
+        assert message.startswith(f"xr: cannot rotate the audit log {path}: ")
+        assert "Permission denied" in message
+    assert log.records_lost == 0
+    assert [line["index"] for line in _read(tmp_path / "audit.log.1")] == list(range(41))
+    assert [line["index"] for line in _read(path)] == [41]
+
+
+def test_the_applications_audit_log__is_the_one_its_metric_reads(audited: _Audited) -> None:
+    app = audited.client.app
+    assert app is not None
+    node = app[SERVICES]
+    assert node.audit is not None and node.metrics.audit is node.audit
