@@ -17,6 +17,16 @@ not hold: one CRITICAL line names the file and the error, and the process exits 
 sync (fsync, fdatasync) stops it too: after a failed sync Linux may report the next one as a
 success without the pages having reached the disk. A node restarted on a disk still full stops at
 its first write again: free space, or mend the disk, and start it.
+
+And a disk may return other bytes than were written. pysyncobj's journal records carry no
+checksum: a damaged command was read back as one that does not decode, every member skipped it
+as a malformed entry, and the damaged member differed from the others from there on (the same
+QA pass, garbage written into two members' journals: acknowledged writes lost). Journals of
+format 2 (`CheckedJournal`: every journal this release creates, and an older one from its first
+compaction on) hold a CRC-32 of each record's index, term and command inside the record;
+`replica.repair_journal` checks them before pysyncobj reads the file, and a member whose journal
+is damaged anywhere but in a torn tail refuses to start (`JournalDamaged`), naming the file, the
+offset and the entry.
 """
 
 from __future__ import annotations
@@ -26,17 +36,23 @@ import errno
 import importlib
 import logging
 import os
+import struct
+import zlib
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 __all__ = [
+    "CHECKED_FORMAT",
+    "FORMAT_OFFSET",
     "STORAGE_FAILED_EXIT",
     "AllocatedFile",
-    "FailStopJournal",
+    "CheckedJournal",
+    "JournalDamaged",
     "PlainFileJournal",
     "allocate",
     "fail_stop",
     "install",
+    "record_checksum",
 ]
 
 log = logging.getLogger(__name__)
@@ -107,9 +123,28 @@ class AllocatedFile(_journal_module.ResizableFile):  # type: ignore[misc]
         return int(getattr(self, "_ResizableFile__f").fileno())  # noqa: B009 - name-mangled
 
 
-class FailStopJournal(PlainFileJournal):  # type: ignore[misc]
-    """pysyncobj's file journal, whose writes stop the process when they fail (`fail_stop`).
-    Its metadata (term, vote, commit index) goes to `<journal>.meta`."""
+# pysyncobj's journal: a 40-byte header (its name in 24 bytes, its version in 8, the format in 4,
+# the end of the last record in 4), then records of (4-byte size, 8-byte index, 8-byte term,
+# command, 4-byte size), the size counting index, term and command. In format 2 the command is
+# preceded by the CRC-32 (little-endian, 4 bytes) of the index and term as packed and the command.
+FORMAT_OFFSET = 32
+CHECKED_FORMAT = 2
+
+
+def record_checksum(index: int, term: int, command: bytes) -> int:
+    return zlib.crc32(command, zlib.crc32(struct.pack("<QQ", index, term)))
+
+
+class JournalDamaged(OSError):
+    """A record of the journal is not what was written, and it is not a torn tail."""
+
+
+class CheckedJournal(PlainFileJournal):  # type: ignore[misc]
+    """pysyncobj's file journal, in format 2 (each record checked by its CRC-32) and with its
+    writes stopping the process when they fail (`fail_stop`). A journal of format 1 (written
+    before 0.32.0) is read and appended to as it is, and becomes format 2 when it is next
+    emptied (log compaction rewrites it from its first record). Its metadata (term, vote,
+    commit index) goes to `<journal>.meta`."""
 
     def __init__(self, journalFile: str) -> None:
         self.path = journalFile
@@ -117,16 +152,44 @@ class FailStopJournal(PlainFileJournal):  # type: ignore[misc]
             super().__init__(journalFile)
         except OSError as error:
             fail_stop(journalFile, error)
+        mapped = getattr(self, "_FileJournal__journalFile")  # noqa: B009 - name-mangled
+        self.checked = struct.unpack("<I", mapped.read(FORMAT_OFFSET, 4))[0] == CHECKED_FORMAT
+        if self.checked:
+            # pysyncobj read each checksum as the start of its command (`repair_journal` has
+            # checked them).
+            entries = getattr(self, "_FileJournal__journal")  # noqa: B009 - name-mangled
+            for position, (data, index, term) in enumerate(entries):
+                command = bytes(data[4:])
+                if int.from_bytes(data[:4], "little") != record_checksum(index, term, command):
+                    raise JournalDamaged(
+                        errno.EIO, f"{journalFile}: entry {index} does not match its checksum"
+                    )
+                entries[position] = (command, index, term)
+
+    def _FileJournal__getDefaultHeader(self) -> bytes:
+        header: bytes = getattr(PlainFileJournal, "_FileJournal__getDefaultHeader")(self)  # noqa: B009
+        return header[:FORMAT_OFFSET] + struct.pack("<I", CHECKED_FORMAT) + header[36:]
 
     def add(self, command: Any, idx: int, term: int) -> None:
         try:
-            super().add(command, idx, term)
+            if not self.checked:
+                super().add(command, idx, term)
+                return
+            data = command if isinstance(command, bytes) else command.encode("utf-8")
+            checksum = struct.pack("<I", record_checksum(idx, term, data))
+            super().add(checksum + data, idx, term)
+            # What pysyncobj keeps in memory is the command, not the record.
+            getattr(self, "_FileJournal__journal")[-1] = (command, idx, term)  # noqa: B009
         except OSError as error:
             fail_stop(self.path, error)
 
     def clear(self) -> None:
         try:
             super().clear()
+            if not self.checked:
+                mapped = getattr(self, "_FileJournal__journalFile")  # noqa: B009 - name-mangled
+                mapped.write(FORMAT_OFFSET, struct.pack("<I", CHECKED_FORMAT))
+                self.checked = True
         except OSError as error:
             fail_stop(self.path, error)
 
@@ -166,4 +229,4 @@ def install() -> None:
     """pysyncobj makes its journal (and its journal's file) through module names: from now on
     they are these."""
     _journal_module.ResizableFile = AllocatedFile
-    _journal_module.FileJournal = FailStopJournal
+    _journal_module.FileJournal = CheckedJournal

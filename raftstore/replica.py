@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import importlib
 import logging
 import math
@@ -179,8 +180,8 @@ FileSync = Callable[[int], None]
 # The journal's sync where a replica is given none: fdatasync, as etcd's WAL (the file's size is
 # data for fdatasync, so a grown journal is covered).
 journal_file_sync: FileSync = os.fdatasync
-# pysyncobj's journal layout: a 40-byte header whose last 4 bytes are the end of the last record,
-# then records of (4-byte size, 8-byte index, 8-byte term, command, 4-byte size).
+# pysyncobj's journal layout (`raftstore.disk`): a 40-byte header whose last 4 bytes are the end of
+# the last record, then records of (4-byte size, 8-byte index, 8-byte term, command, 4-byte size).
 _JOURNAL_HEADER_BYTES = 40
 _JOURNAL_END_OFFSET = 36
 
@@ -190,34 +191,35 @@ def repair_journal(path: Path) -> int:
 
     The journal is a memory map the kernel writes back page by page in any order, so after a power
     loss the header's end offset can point past records that never reached the disk; pysyncobj
-    would then fail to start (or read garbage). A record is kept while its two size fields agree
-    and its index follows the previous one. Only entries written after the last sync can be torn,
-    and in "fsync" mode none of those was acknowledged."""
+    would then fail to start (or read garbage). A record is kept while its two size fields agree,
+    its index follows the previous one and, in a journal of format 2, its checksum matches. Only
+    entries written after the last sync can be torn, and in "fsync" mode none of those was
+    acknowledged. A record that fails its checksum before the journal's last record, which
+    passes, is not a torn tail but a damaged disk: `disk.JournalDamaged`, and nothing is cut."""
     if not path.exists():
         return 0
     with path.open("r+b") as file:
         data = file.read()
         if len(data) < _JOURNAL_HEADER_BYTES:
             return 0
+        checked = struct.unpack_from("<I", data, disk.FORMAT_OFFSET)[0] == disk.CHECKED_FORMAT
         end = int(struct.unpack_from("<I", data, _JOURNAL_END_OFFSET)[0])
         offset = _JOURNAL_HEADER_BYTES
         previous_index: int | None = None
         limit = min(end, len(data))
         while offset < end:
-            if offset + 4 > limit:
+            record = _record_at(data, offset, limit, checked)
+            if record is None:
                 break
-            size = struct.unpack_from("<I", data, offset)[0]
-            if size < 16 or offset + 8 + size > limit:
-                break
-            if struct.unpack_from("<I", data, offset + 4 + size)[0] != size:
-                break
-            index = struct.unpack_from("<Q", data, offset + 4)[0]
+            index, size = record
             if previous_index is not None and index != previous_index + 1:
                 break
             previous_index = index
             offset += size + 8
         if offset >= end:
             return 0
+        if checked:
+            _refuse_damage_before_the_last_record(path, data, offset, limit)
         file.seek(_JOURNAL_END_OFFSET)
         file.write(struct.pack("<I", offset))
         file.flush()
@@ -226,6 +228,48 @@ def repair_journal(path: Path) -> int:
         "journal %s had a torn tail: cut %d bytes after offset %d", path, end - offset, offset
     )
     return end - offset
+
+
+def _record_at(data: bytes, offset: int, limit: int, checked: bool) -> tuple[int, int] | None:
+    """The index and size of the record at `offset`, if its sizes agree, it ends by `limit` and
+    (`checked`) its checksum matches; else None."""
+    if offset + 4 > limit:
+        return None
+    size = struct.unpack_from("<I", data, offset)[0]
+    if size < (20 if checked else 16) or offset + 8 + size > limit:
+        return None
+    if struct.unpack_from("<I", data, offset + 4 + size)[0] != size:
+        return None
+    index, term = struct.unpack_from("<QQ", data, offset + 4)
+    if checked:
+        stored = struct.unpack_from("<I", data, offset + 20)[0]
+        command = data[offset + 24 : offset + 4 + size]
+        if stored != disk.record_checksum(index, term, command):
+            return None
+    return int(index), int(size)
+
+
+def _refuse_damage_before_the_last_record(
+    path: Path, data: bytes, bad_offset: int, limit: int
+) -> None:
+    """Raises `disk.JournalDamaged` if the journal's last record (found from its end, by its
+    trailing size) lies after `bad_offset` and passes its checks: a torn tail has no good
+    record after its first bad one."""
+    if limit - 4 < bad_offset:
+        return
+    size = struct.unpack_from("<I", data, limit - 4)[0]
+    last = limit - 8 - size
+    if last <= bad_offset or _record_at(data, last, limit, checked=True) is None:
+        return
+    index = struct.unpack_from("<Q", data, bad_offset + 4)[0] if bad_offset + 12 <= limit else None
+    raise disk.JournalDamaged(
+        errno.EIO,
+        f"{path} is damaged: the record at offset {bad_offset} (entry {index}, as far as it "
+        "can be read) is not what was written, and records after it are intact, so this is not "
+        "a torn tail: the disk returned other bytes. This member's log cannot be trusted: move "
+        "its data directory aside and start it again to take the others' state "
+        "(docs/operations.md, resync), and check the disk",
+    )
 
 
 class _DurableMetaStorer:
@@ -301,7 +345,7 @@ class DurableJournal:
         self._slow_warned_s = float("-inf")
 
     def _open(self) -> Any:
-        inner = disk.FailStopJournal(str(self.path))
+        inner = disk.CheckedJournal(str(self.path))
         storer = _DurableMetaStorer(str(self.path) + ".meta")
         setattr(inner, "_FileJournal__metaStorer", storer)  # noqa: B010 - name-mangled
         return inner
@@ -452,7 +496,7 @@ class DurableJournal:
         kept = [self._inner[position] for position in range(entryTo, len(self._inner))]
         temporary = self.path.with_name(self.path.name + ".compact")
         temporary.unlink(missing_ok=True)
-        fresh = disk.FailStopJournal(str(temporary))
+        fresh = disk.CheckedJournal(str(temporary))
         for entry in kept:
             fresh.add(*entry)
         fresh._destroy()
@@ -1241,9 +1285,11 @@ class Replica(SyncObj):
         self._undecodable_logged_s = now_s
         log.error(
             "committed entry %d could not be decoded by this version and was skipped (%s; %d "
-            "such entries since start): if a node of a newer version wrote it, this replica may "
-            "now differ from the newer ones (docs/operations.md, Upgrades: compare "
-            "/v1/snapshot/hash, and resync this node after upgrading it)",
+            "such entries since start): if a node of a newer release wrote it (a command or "
+            "field this one does not know), or this node's disk damaged a journal written "
+            "before 0.32.0 (which has no checksums), this replica may now differ from the "
+            "others (docs/operations.md, Upgrades: compare /v1/snapshot/hash, and resync a node "
+            "that differs)",
             index,
             why[:300],
             self.undecodable_entries,

@@ -104,7 +104,7 @@ def test_a_member_whose_disk_fills__stops_with_a_message__not_sigbus(
 def test_a_term_that_cannot_be_stored__stops_the_member_before_it_acts_on_it(
     tmp_path: Path, stops: list[int], caplog: pytest.LogCaptureFixture
 ) -> None:
-    journal = disk.FailStopJournal(str(tmp_path / "raft.journal"))
+    journal = disk.CheckedJournal(str(tmp_path / "raft.journal"))
     storer: Any = getattr(journal, "_FileJournal__metaStorer")  # noqa: B009 - name-mangled
 
     def full(meta: Any) -> None:
@@ -122,7 +122,7 @@ def test_a_term_that_cannot_be_stored__stops_the_member_before_it_acts_on_it(
 
 
 def test_a_journal_write_that_fails__stops_the_member(tmp_path: Path, stops: list[int]) -> None:
-    journal = disk.FailStopJournal(str(tmp_path / "raft.journal"))
+    journal = disk.CheckedJournal(str(tmp_path / "raft.journal"))
     mapped: Any = getattr(journal, "_FileJournal__journalFile")  # noqa: B009 - name-mangled
 
     def full(offset: int, values: bytes) -> None:
