@@ -80,11 +80,18 @@ def _error_for(reason: int) -> XrError:
     return UnknownOutcome(f"the outcome is unknown (pysyncobj reason {reason})")
 
 
-def _time_out(future: asyncio.Future[Applied | None], deadline_s: float) -> None:
-    if not future.done():
-        future.set_exception(
-            Timeout(f"no answer within {deadline_s} s; the command may or may not be applied")
-        )
+def _time_out(
+    future: asyncio.Future[Applied | None], deadline_s: float, read: bool, replica: Replica
+) -> None:
+    if future.done():
+        return
+    # Said at the deadline: what the node knew then (a read or a write waits for a leader).
+    cause = "" if replica._getLeader() is not None else " (this node knows no leader)"
+    if read:
+        message = f"the read was not answered within {deadline_s} s{cause}; it changed nothing"
+    else:
+        message = f"no answer within {deadline_s} s{cause}; the command may or may not be applied"
+    future.set_exception(Timeout(message))
 
 
 class _Pending:
@@ -301,7 +308,9 @@ class RaftStore:
         deadline_s = self.config.propose_timeout_s if timeout_s is None else timeout_s
         # A timer rather than `asyncio.wait_for`, which costs a task per proposal. A timed-out
         # future holds its error; its group skips it when it settles.
-        timer = self._loop.call_later(deadline_s, _time_out, future, deadline_s)
+        timer = self._loop.call_later(
+            deadline_s, _time_out, future, deadline_s, entry is None, self.replica
+        )
         try:
             return await future
         finally:
@@ -379,7 +388,11 @@ class RaftStore:
             )
             for pending in group.members:
                 if not pending.future.done():
-                    pending.future.set_exception(error)
+                    pending.future.set_exception(
+                        Timeout("the read was not answered in time; it changed nothing")
+                        if pending.entry is None and reason == _GROUP_TIMED_OUT
+                        else error
+                    )
         if self._pending:
             self._schedule_flush()
 

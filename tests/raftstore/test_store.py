@@ -565,3 +565,38 @@ def test_a_completion_that_raises__leaves_its_entry_applied_once(
     with caplog.at_level(logging.ERROR, logger="raftstore.replica"):
         _run(body, [config])
     assert "a proposal's completion raised" in caplog.text
+
+
+def test_a_read_that_times_out__says_it_changed_nothing_and_that_no_leader_is_known(
+    tmp_path: Path,
+) -> None:
+    """A node cut off from the others answered a GET after its timeout with "the command may or
+    may not be applied" (the client QA pass of session 32): a read changes nothing, and the
+    cause is worth saying."""
+    ports = []
+    for _ in range(3):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    address, *absent = [f"127.0.0.1:{port}" for port in ports]
+
+    async def scenario() -> None:
+        store = RaftStore(
+            RaftConfig(self_address=address, peers=tuple(absent), data_dir=tmp_path / "raft")
+        )
+        await store.start()
+        try:
+            with pytest.raises(errors.Timeout) as read:
+                await store.read(lambda machine: machine.index, timeout_s=0.3)
+            with pytest.raises(errors.Timeout) as write:
+                await store.propose(KvPut(key="k", value=b"v"), timeout_s=0.3)
+        finally:
+            await store.stop()
+        assert read.value.message == (
+            "the read was not answered within 0.3 s (this node knows no leader); it changed nothing"
+        )
+        assert "(this node knows no leader); the command may or may not be applied" in (
+            write.value.message
+        )
+
+    asyncio.run(scenario())
