@@ -68,8 +68,8 @@ def families() -> list[MetricFamily]:
         store = RaftStore(config.raft)
         try:
             metrics = NodeMetrics(store, config.region.name)
-            # Counters and histograms with labels have no samples until first used: their
-            # label names come from the metric objects themselves.
+            # Counters and histograms with labels have no samples until first used, nor has a
+            # collector's family over the empty store: label names come from the declarations.
             declared: dict[str, tuple[str, ...]] = {
                 value._name: tuple(value._labelnames)
                 for value in vars(metrics).values()
@@ -77,7 +77,9 @@ def families() -> list[MetricFamily]:
             }
             found = []
             for family in metrics.registry.collect():
-                labels = list(declared.get(family.name, ()))
+                # A collector's families (`GaugeMetricFamily(..., labels=...)`) declare their
+                # label names too, and over an empty store they have no samples to show them.
+                labels = list(declared.get(family.name, getattr(family, "_labelnames", ())))
                 for sample in family.samples:
                     for label in sample.labels:
                         if label not in labels and label not in _TYPE_LABELS:

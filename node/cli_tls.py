@@ -5,6 +5,8 @@ certificates can be added later) and, for each name given, `NAME.pem` and `NAME-
 certificate the CA signs, good both for serving (a node) and as a client certificate (a node
 forwarding to another, or a user), with subject alternative names for `localhost`, `127.0.0.1`,
 the name itself and every `--host`. Keys are P-256 ECDSA, unencrypted, in files of mode 0600.
+The CA is valid for ten years (`CA_DAYS`) whatever `--days` says, since later runs reuse it; a
+certificate never outlives its CA: one that would is cut to end with it, and said so.
 
 A production cluster should get its certificates from the organisation's own CA; this one is for
 trying TLS and mutual TLS out (docs/security.md).
@@ -19,7 +21,7 @@ import os
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,10 @@ _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 # Certificates are valid from a little before now, so a peer whose clock is behind accepts them.
 _BACKDATE = datetime.timedelta(minutes=5)
+# The CA's life. Later runs reuse the CA, so it must outlive the certificates they add: with the
+# certificates' --days it expired with the first ones, and a certificate added later outlived it
+# (clients refuse a chain whose CA has expired).
+CA_DAYS = 3650
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +57,8 @@ class CertificateFiles:
     ca_key: Path
     ca_created: bool
     certificates: dict[str, tuple[Path, Path]]
+    # Names whose certificates were cut to end when the CA does, and that day.
+    capped: dict[str, datetime.datetime] = field(default_factory=dict)
 
 
 def make_ca(
@@ -61,9 +69,9 @@ def make_ca(
     days: int = 365,
     now: datetime.datetime | None = None,
 ) -> CertificateFiles:
-    """Makes (or reuses) the CA in `directory` and a certificate and key for each name. Raises
-    ValueError for a name that cannot be a file name or a host that is not a DNS name or an IP
-    address."""
+    """Makes (or reuses) the CA in `directory` and a certificate and key for each name, valid
+    for `days` but never past the CA's end. Raises ValueError for a name that cannot be a file
+    name, a host that is not a DNS name or an IP address, and a reused CA that has expired."""
     for name in names:
         if not _NAME_PATTERN.fullmatch(name) or name in ("ca", "ca-key"):
             raise ValueError(
@@ -91,22 +99,42 @@ def make_ca(
             )
     created = not ca_cert_path.exists()
     if created:
-        ca_key, ca_cert = _new_ca(moment, days)
+        ca_key, ca_cert = _new_ca(moment, max(days, CA_DAYS))
         _write_key(ca_key_path, ca_key)
         ca_cert_path.write_bytes(_pem(ca_cert))
     else:
         ca_key, ca_cert = _load_ca(ca_cert_path, ca_key_path)
+    ca_end = ca_cert.not_valid_after_utc
+    if names and ca_end <= moment:
+        raise ValueError(
+            f"the CA in {directory} expired on {ca_end:%Y-%m-%d}: remove {CA_CERT_NAME} and "
+            f"{CA_KEY_NAME} to make a new one (and give the nodes and clients the new "
+            f"{CA_CERT_NAME})"
+        )
+    end = moment + datetime.timedelta(days=days)
+    capped: dict[str, datetime.datetime] = {}
     written: dict[str, tuple[Path, Path]] = {}
     for name in names:
+        if end > ca_end:
+            capped[name] = ca_end
         key, certificate = _new_leaf(
-            name, alternative_names + _alternative_names([name]), ca_key, ca_cert, moment, days
+            name,
+            alternative_names + _alternative_names([name]),
+            ca_key,
+            ca_cert,
+            moment,
+            min(end, ca_end),
         )
         cert_path, key_path = directory / f"{name}.pem", directory / f"{name}-key.pem"
         _write_key(key_path, key)
         cert_path.write_bytes(_pem(certificate))
         written[name] = (cert_path, key_path)
     return CertificateFiles(
-        ca_cert=ca_cert_path, ca_key=ca_key_path, ca_created=created, certificates=written
+        ca_cert=ca_cert_path,
+        ca_key=ca_key_path,
+        ca_created=created,
+        certificates=written,
+        capped=capped,
     )
 
 
@@ -177,7 +205,7 @@ def _new_leaf(
     ca_key: EllipticCurvePrivateKey,
     ca_cert: x509.Certificate,
     moment: datetime.datetime,
-    days: int,
+    end: datetime.datetime,
 ) -> tuple[EllipticCurvePrivateKey, x509.Certificate]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
@@ -191,7 +219,7 @@ def _new_leaf(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(moment - _BACKDATE)
-        .not_valid_after(moment + datetime.timedelta(days=days))
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -293,15 +321,17 @@ def tls() -> None:
     type=click.IntRange(1, 3650),
     default=365,
     show_default=True,
-    help="Days the certificates are valid.",
+    help=f"Days the certificates are valid (never past the CA's end; a new CA is valid for "
+    f"{CA_DAYS} days).",
 )
 def make_ca_command(
     names: tuple[str, ...], directory: Path, hosts: tuple[str, ...], days: int
 ) -> int:
     """Make a local CA and a certificate and key for each NAME (a node or a client).
 
-    Writes DIR/ca.pem and DIR/ca-key.pem (once; reused later) and DIR/NAME.pem and
-    DIR/NAME-key.pem for each NAME. For testing and development: see docs/security.md.
+    Writes DIR/ca.pem and DIR/ca-key.pem (once, valid for ten years; reused later) and
+    DIR/NAME.pem and DIR/NAME-key.pem for each NAME, never valid past the CA's end. For testing
+    and development: see docs/security.md.
     """
     try:
         files = make_ca(directory, names, hosts=hosts, days=days)
@@ -315,6 +345,12 @@ def make_ca_command(
     click.echo(f"{verb} CA {files.ca_cert} (key {files.ca_key})")
     for name, (cert_path, key_path) in files.certificates.items():
         click.echo(f"made {name}: {cert_path} (key {key_path})")
+    for name, ca_end in files.capped.items():
+        click.echo(
+            f"xr: warning: {name}'s certificate ends with the CA on {ca_end:%Y-%m-%d}, before "
+            f"--days {days}; make a new CA (remove {files.ca_cert} and {files.ca_key}) for longer",
+            err=True,
+        )
     if files.certificates:
         # The first name's files for a node, the last one's for a client (`make-ca r0 r1 alice`).
         node_cert, node_key = next(iter(files.certificates.values()))

@@ -529,6 +529,13 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
         raise ConfigError(
             "setting raft.cluster_secret: must not be empty (leave the setting out for none)"
         )
+    if secret:
+        _check_cluster_secret(
+            "raft.cluster_secret_file"
+            if parsed.raft.cluster_secret_file is not None
+            else "raft.cluster_secret",
+            secret,
+        )
     data_dir = Path(parsed.data_dir)
     raft_fields = {item.name for item in fields(RaftConfig)}
     timing = {
@@ -576,6 +583,31 @@ def _build(tree: dict[str, Any], sources: dict[str, str]) -> NodeConfig:
         audit=parsed.audit,
         sources=sources,
     )
+
+
+# A cluster secret shorter than this is refused: pysyncobj derives the Raft traffic's key from
+# the secret with a fixed salt, so a short one can be guessed offline from captured traffic
+# (`openssl rand -hex 32` gives 64 characters).
+CLUSTER_SECRET_BYTES_MIN = 16
+# The text the example files (deploy/k8s/secret.yaml) hold where the secret goes: a secret that
+# still holds it was applied without being replaced, and is known to everyone.
+_PLACEHOLDER = "REPLACE-WITH"
+
+
+def _check_cluster_secret(dotted: str, secret: str) -> None:
+    """Refuses a cluster secret that is too short or is an example file's placeholder; the
+    message names the setting, never the secret."""
+    make_one = "make one with `openssl rand -hex 32`, the same on every node"
+    if _PLACEHOLDER in secret:
+        raise ConfigError(
+            f"setting {dotted}: the cluster secret is still the placeholder of an example file "
+            f"({_PLACEHOLDER}...); {make_one}"
+        )
+    if len(secret.encode()) < CLUSTER_SECRET_BYTES_MIN:
+        raise ConfigError(
+            f"setting {dotted}: the cluster secret is shorter than {CLUSTER_SECRET_BYTES_MIN} "
+            f"bytes; {make_one}"
+        )
 
 
 class _Missing:

@@ -5,7 +5,8 @@ serves the API, registers the region with the cluster once a leader is known, se
 heartbeats with its inventory, places pending tasks while it leads, runs its region's tasks
 (`node.executor`), logs leader changes, and on SIGTERM or SIGINT shuts down gracefully: it stops
 taking requests, lets in-flight ones finish (up to `http.shutdown_grace_s`), hands leadership to a
-caught-up follower if it leads, then stops the store and closes its files.
+caught-up follower if it leads, then stops the store and closes its files. A signal during
+start-up abandons the start and stops whatever had started the same way.
 
 With `tls.cert_file` the API is served over https only (`node.tls`), and requests forwarded to
 other nodes go over https too. Secrets (the cluster secret, tokens) are never logged; Raft running
@@ -359,28 +360,84 @@ def log_raft_security(config: NodeConfig) -> None:
 async def serve(
     config: NodeConfig, *, faults: Faults = NO_FAULTS, drops: Drops | None = None
 ) -> None:
-    node = Node(config, faults=faults, drops=drops)
-    try:
-        await node.start()
-    except BaseException:
-        node.data_dir_lock.release()
-        raise
+    # The handlers come first. In a container xr may be PID 1, and the kernel drops a signal
+    # whose action is the default for a namespace's PID 1: a SIGTERM sent while the node was
+    # starting (resolving an absent peer took 11 s) was lost, and `docker stop` waited its
+    # whole grace period and killed the node.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signal_number, stop.set)
+    try:
+        await _serve_until_stopped(config, stop, faults=faults, drops=drops)
+    finally:
+        for signal_number in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signal_number)
+
+
+async def _serve_until_stopped(
+    config: NodeConfig, stop: asyncio.Event, *, faults: Faults, drops: Drops | None
+) -> None:
+    node = Node(config, faults=faults, drops=drops)
+    if not await _start_unless_stopped(node, stop):
+        # Stopped during start-up: whatever had started stops as on SIGTERM (the store, the
+        # executor, the listener), and the node exits 0 without having served.
+        log.info("stopping region %s during start-up", config.region.name)
+        await node.stop()
+        return
     parent_watch = None
     if os.environ.get(STOP_WITH_PARENT_VARIABLE) == "1":
         parent_watch = asyncio.create_task(_stop_with_parent(os.getppid(), stop))
-    print(
-        f"xr node {config.region.name} ready at {config.http_scheme}://{config.http.address}",
-        flush=True,
-    )
+    _say_ready(config)
     await stop.wait()
     if parent_watch is not None:
         parent_watch.cancel()
     log.info("stopping region %s", config.region.name)
     await node.stop()
+
+
+async def _start_unless_stopped(node: Node, stop: asyncio.Event) -> bool:
+    """Starts `node`; False when `stop` is set first, with the start cancelled wherever it had
+    got to. A start that fails releases the data directory and raises."""
+    starting = asyncio.create_task(node.start())
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if stop.is_set():
+        starting.cancel()
+        try:
+            await starting
+        except asyncio.CancelledError:
+            pass
+        except Exception as error:  # the stop is what was asked for; say why the start failed
+            log.warning(
+                "region %s: start-up failed while stopping: %s", node.config.region.name, error
+            )
+        return False
+    try:
+        starting.result()
+    except BaseException:
+        node.data_dir_lock.release()
+        raise
+    return True
+
+
+def _say_ready(config: NodeConfig) -> None:
+    """The line that says the node is serving, on stdout: plain text, or with `log.json` a JSON
+    log line, since Docker and Kubernetes collect stdout and stderr (the log) together and a
+    plain line among JSON ones is one a log pipeline cannot parse."""
+    address = f"{config.http_scheme}://{config.http.address}"
+    if not config.log.json:
+        print(f"xr node {config.region.name} ready at {address}", flush=True)
+        return
+    record = logging.LogRecord(
+        log.name, logging.INFO, __file__, 0, "xr node %s ready at %s",
+        (config.region.name, address), None,
+    )  # fmt: skip
+    record.region = config.region.name
+    print(JsonFormatter().format(record), flush=True)
 
 
 # `xr up` and the demo set STOP_WITH_PARENT_VARIABLE for the nodes they start: each stops (as on

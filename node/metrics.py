@@ -355,6 +355,10 @@ class NodeMetrics:
             ["region"],
             registry=self.registry,
         )
+        # A labelled counter has no sample until its label is first used: without this the
+        # series was missing until the node's first leader change, dashboards showed nothing,
+        # and `increase()` missed that first change (it needs a sample before it).
+        self.leader_changes.labels(region)
         self.registry.register(_StoreCollector(store, region))
         # Set by the daemon once its HTTP runner exists.
         self.connections: ConnectionsSource | None = None

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from node.config import NodeConfig, load_config
+from node.config import ConfigError, NodeConfig, load_config
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DEPLOY = REPOSITORY / "deploy"
@@ -28,7 +28,7 @@ def _yaml_documents(path: Path) -> list[Any]:
 def _load(text: str, tmp_path: Path) -> NodeConfig:
     """A node configuration as the node loads it, with its secret file replaced by a local one."""
     secret = tmp_path / "cluster_secret"
-    secret.write_text("test-secret\n")
+    secret.write_text("test-secret-0123456789\n")
     path = tmp_path / "node.toml"
     path.write_text(text)
     return load_config(path=path, environ={}, overrides={"raft.cluster_secret_file": str(secret)})
@@ -75,6 +75,10 @@ def test_compose__three_regions_whose_configurations_load(tmp_path: Path) -> Non
         configs.append(config)
     _assert_a_cluster(configs)
     assert compose["secrets"]["cluster_secret"]["file"] == "./cluster_secret"
+    # A node stopped by SIGTERM exits 0, and `on-failure` never restarted one after the Docker
+    # daemon restarted or the host rebooted.
+    assert compose["x-node"]["restart"] == "unless-stopped"
+    assert "chmod 0644" not in (compose_dir / "docker-compose.yml").read_text()
 
 
 def test_kubernetes__statefulset_configurations_load(tmp_path: Path) -> None:
@@ -115,6 +119,20 @@ def test_kubernetes__statefulset_configurations_load(tmp_path: Path) -> None:
     assert {f"xr-{ordinal}" for ordinal in range(replicas)} <= region_services
     (secret,) = by_kind["Secret"]
     assert "cluster_secret" in secret["stringData"]
+    # Applied unedited, the example's placeholder was accepted as the cluster secret.
+    placeholder = tmp_path / "placeholder"
+    placeholder.write_text(secret["stringData"]["cluster_secret"])
+    with pytest.raises(ConfigError, match="placeholder of an example file"):
+        load_config(
+            path=None,
+            environ={},
+            overrides={
+                "region.name": "r0",
+                "raft.address": "127.0.0.1:7001",
+                "data_dir": str(tmp_path),
+                "raft.cluster_secret_file": str(placeholder),
+            },
+        )
     kustomization = _yaml_documents(DEPLOY / "k8s" / "kustomization.yaml")[0]
     assert sorted(kustomization["resources"]) == sorted(
         path.name for path in (DEPLOY / "k8s").glob("*.yaml") if path.name != "kustomization.yaml"
@@ -125,7 +143,9 @@ def test_dockerfile__non_root_xr_node_run_with_a_readyz_health_check() -> None:
     text = (DEPLOY / "container" / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim|^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.M)
     assert re.search(r"^USER xr$", text, re.M)
-    assert '\nENTRYPOINT ["xr", "node", "run"]\n' in text
+    # tini as PID 1: it passes signals on and reaps orphaned processes.
+    assert '\nENTRYPOINT ["tini", "--", "xr", "node", "run"]\n' in text
+    assert re.search(r"^ && apt-get install --yes --no-install-recommends tini \\$", text, re.M)
     assert re.search(r"^HEALTHCHECK .*\n.*/readyz", text, re.M)
 
 

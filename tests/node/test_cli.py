@@ -440,7 +440,7 @@ def test_node_run__check_prints_the_settings_and_hides_the_secret(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     secret = tmp_path / "secret"
-    secret.write_text("do-not-print-me\n")
+    secret.write_text("do-not-print-me-0123456789\n")
     config = tmp_path / "node.toml"
     config.write_text(f'data_dir = "{tmp_path}"\n[region]\nname = "r7"\n[http]\nwait_max_s = 9\n')
     arguments = ["node", "run", "--check", "--config", str(config)]

@@ -146,17 +146,17 @@ def test_raft_off_loopback_needs_a_cluster_secret_and_the_secret_is_never_shown(
     with pytest.raises(ConfigError, match="cluster_secret is required"):
         load_config(environ={}, overrides=off_loopback)
     secret_file = tmp_path / "secret"
-    secret_file.write_text("s3cret-value\n")
+    secret_file.write_text("s3cret-value-0123456789\n")
     config = load_config(
         environ={}, overrides={**off_loopback, "raft.cluster_secret_file": str(secret_file)}
     )
-    assert config.raft.cluster_secret == "s3cret-value"
+    assert config.raft.cluster_secret == "s3cret-value-0123456789"
     with pytest.raises(ConfigError) as raised:
         load_config(
             environ={},
             overrides={
                 **off_loopback,
-                "raft.cluster_secret": "s3cret-value",
+                "raft.cluster_secret": "s3cret-value-0123456789",
                 "raft.cluster_secret_file": str(secret_file),
             },
         )
@@ -199,6 +199,52 @@ def test_an_empty_cluster_secret_file_is_refused(tmp_path: Path) -> None:
             load_config(
                 environ={}, overrides={**BASE, "raft.cluster_secret_file": str(secret_file)}
             )
+
+
+@pytest.mark.parametrize(
+    ("secret", "said"),
+    [
+        ("x", "shorter than 16 bytes"),
+        ("fifteen-bytes!!", "shorter than 16 bytes"),
+        # deploy/k8s/secret.yaml's value, applied without being replaced.
+        ("REPLACE-WITH-openssl-rand-hex-32", "still the placeholder of an example file"),
+    ],
+)
+def test_a_short_or_placeholder_cluster_secret_is_refused_from_a_file_inline_and_the_environment(
+    tmp_path: Path, secret: str, said: str
+) -> None:
+    """A 1-byte secret and deploy/k8s/secret.yaml's placeholder were accepted: the Raft
+    traffic's key was then one anybody could guess or read in the repository."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(secret + "\n")
+    for dotted, environ, overrides in [
+        ("raft.cluster_secret_file", {}, {"raft.cluster_secret_file": str(secret_file)}),
+        ("raft.cluster_secret", {}, {"raft.cluster_secret": secret}),
+        ("raft.cluster_secret", {"XR_RAFT_CLUSTER_SECRET": secret}, {}),
+    ]:
+        with pytest.raises(ConfigError) as raised:
+            load_config(environ=environ, overrides={**BASE, **overrides})
+        message = str(raised.value)
+        assert message.startswith(f"setting {dotted}: ") and said in message, message
+        assert "openssl rand -hex 32" in message
+        if len(secret) > 1:
+            assert secret not in message
+    sixteen_bytes = "é" * 8  # counted in bytes, as the key is derived from them
+    assert load_config(environ={}, overrides={**BASE, "raft.cluster_secret": sixteen_bytes})
+
+
+def test_node_run_check__refuses_a_placeholder_cluster_secret_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from node.cli import main
+
+    secret_file = tmp_path / "cluster_secret"
+    secret_file.write_text("REPLACE-WITH-openssl-rand-hex-32\n")
+    arguments = ["node", "run", "--check", "--region", "r0", "--data-dir", str(tmp_path)]
+    arguments += ["--raft-address", "127.0.0.1:7001", "--cluster-secret-file", str(secret_file)]
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert "setting raft.cluster_secret_file: " in error and "openssl rand -hex 32" in error
 
 
 def test_a_duration_of_a_year_and_a_count_of_2_53_are_accepted() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -345,6 +346,77 @@ def test_connections_past_the_bound_are_answered_429_and_closed(tmp_path: Path) 
         for connection in held:
             connection.close()
         local.kill()
+
+
+# Run in place of `python -m node.cli`: the store's start blocks the event loop for a second (as
+# resolving an absent peer's name did, for 11 s in a container) and then never finishes.
+_STALLED_START = """
+import asyncio, sys, time
+from raftstore.store import RaftStore
+started = RaftStore.start
+async def stalled_start(self):
+    print("store starting", flush=True)
+    time.sleep(1.0)
+    await started(self)
+    await asyncio.sleep(3600)
+RaftStore.start = stalled_start
+from node.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_start_up__stops_the_node_at_once_and_it_exits_0(tmp_path: Path) -> None:
+    """The handlers were installed once the node had started: a SIGTERM before that killed an
+    ordinary process uncleanly, and was dropped by a container's PID 1 (the kernel drops a
+    signal whose action is the default there), so `docker stop` waited its grace period and
+    sent SIGKILL."""
+    import signal
+    import subprocess
+
+    local = LocalCluster(tmp_path, size=1)
+    node = local.nodes[0]
+    node.data_dir.mkdir(parents=True)
+    command = node.command()
+    at = command.index("-m")
+    command[at : at + 2] = ["-c", _STALLED_START]
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with node.log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            env=environment,
+        )  # fmt: skip
+    try:
+        _eventually(lambda: "store starting" in node.log_tail(), "the store starting")
+        process.send_signal(signal.SIGTERM)  # while the loop is blocked
+        sent_s = time.monotonic()
+        exit_code = process.wait(WAIT_S)
+        stopped_in_s = time.monotonic() - sent_s
+    finally:
+        process.kill()
+        process.wait()
+    output = node.log_tail()
+    assert exit_code == 0, output
+    assert stopped_in_s < 10.0, output  # not the 45 s grace period and a SIGKILL
+    assert f"stopping region {node.region} during start-up" in output
+    assert f"region {node.region} stopped" in output
+    assert "ready at" not in output
+
+
+def test_the_ready_line_is_a_json_log_line_with_log_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With `log.json` the ready line was plain text among the JSON lines."""
+    from node.config import load_config
+    from node.daemon import _say_ready
+
+    settings = {"region.name": "r0", "data_dir": str(tmp_path), "raft.address": "127.0.0.1:1"}
+    _say_ready(load_config(environ={}, overrides={**settings, "http.address": "127.0.0.1:9"}))
+    assert capsys.readouterr().out == "xr node r0 ready at http://127.0.0.1:9\n"
+    _say_ready(load_config(environ={}, overrides={**settings, "log.json": "true"}))
+    (line,) = capsys.readouterr().out.splitlines()
+    document = json.loads(line)
+    assert document["message"] == "xr node r0 ready at http://127.0.0.1:8700"
+    assert (document["level"], document["logger"], document["region"]) == ("info", "xr.node", "r0")
 
 
 def test_json_logs_carry_the_request_id_and_route() -> None:

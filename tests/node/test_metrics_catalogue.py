@@ -62,6 +62,16 @@ def test_catalogue__lists_the_metrics_the_node_documents(generator: ModuleType) 
     assert "xr_http_requests_total" in generator.series_names()
 
 
+def test_catalogue__lists_the_labels_a_collector_declares(generator: ModuleType) -> None:
+    """The generator took labels from samples only, and the store it collects from is empty:
+    the per-region gauges were listed without their labels."""
+    labels = {family.name: family.labels for family in generator.families()}
+    assert labels["xr_region_gpu_memory_bytes"] == ("region", "in_region", "kind")
+    for name in ("xr_region_cpu_slots", "xr_region_gpus", "xr_region_tasks_running"):
+        assert labels[name] == ("region", "in_region"), name
+    assert labels["xr_raft_leader_changes"] == ("region",)
+
+
 def test_metric_names__finds_names_in_targets_and_templating() -> None:
     dashboard = {
         "panels": [{"targets": [{"expr": "sum(rate(xr_a_total[5m])) / xr_b"}]}],

@@ -161,7 +161,7 @@ def test_config__raft_off_loopback_without_a_secret_or_insecure__is_refused(
         _config(tmp_path, **{"raft.peers": "10.0.0.2:7001"})
     insecure = _config(tmp_path, **{"raft.peers": "10.0.0.2:7001", "raft.insecure": "true"})
     assert insecure.raft.insecure and insecure.raft.cluster_secret is None
-    secured = _config(tmp_path, **{"raft.peers": "10.0.0.2:7001", "raft.cluster_secret": "s"})
+    secured = _config(tmp_path, **{"raft.peers": "10.0.0.2:7001", "raft.cluster_secret": "s" * 16})
     assert not secured.raft.insecure
 
 
@@ -280,6 +280,43 @@ def test_make_ca__writes_private_keys_0600_and_certificates_the_ca_signs_for_loc
     assert (tmp_path / "ca.pem").read_bytes() == ca_bytes
     assert main(["tls", "make-ca", "--dir", str(tmp_path), "../escape"]) == 2
     assert "xr: tls.invalid: name '../escape'" in capsys.readouterr().err
+
+
+def test_make_ca__the_ca_outlives_its_certificates_and_none_outlives_the_ca(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CA had the certificates' --days and later runs reuse it, so a certificate added
+    later outlived its CA (clients refuse a chain whose CA has expired)."""
+    from cryptography import x509
+
+    from node.cli_tls import CA_DAYS
+
+    issued = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+    first = make_ca(tmp_path, ["r0"], days=30, now=issued)
+    ca = x509.load_pem_x509_certificate(first.ca_cert.read_bytes())
+    ca_end = ca.not_valid_after_utc
+    assert ca_end == issued + datetime.timedelta(days=CA_DAYS)
+    assert first.capped == {}
+    # Ten days before the CA ends, a certificate for a year ends with the CA instead.
+    late = ca_end - datetime.timedelta(days=10)
+    second = make_ca(tmp_path, ["r1"], days=365, now=late)
+    assert second.capped == {"r1": ca_end}
+    leaf = x509.load_pem_x509_certificate(second.certificates["r1"][0].read_bytes())
+    assert leaf.not_valid_after_utc == ca_end
+    leaf.verify_directly_issued_by(ca)
+    with pytest.raises(ValueError, match=r"expired on 2029-12-29: remove ca\.pem and ca-key\.pem"):
+        make_ca(tmp_path, ["r2"], now=ca_end + datetime.timedelta(days=1))
+    # The command says so.
+    recent = make_ca(
+        tmp_path / "recent",
+        [],
+        now=datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=CA_DAYS - 10),
+    )
+    assert recent.ca_created
+    assert main(["tls", "make-ca", "--dir", str(tmp_path / "recent"), "n1"]) == 0
+    error = capsys.readouterr().err
+    assert "warning: n1's certificate ends with the CA on " in error, error
+    assert "before --days 365" in error
 
 
 # Real node processes.
