@@ -16,6 +16,13 @@ Rules:
   awaiting its answer, is not written and `checkpoint()` returns False at once. Writing it would
   replace the manifest the log names (same step, same token), which would then fail its checksum.
   Calls from several threads are taken one at a time.
+- A checkpoint the store cannot write (a full disk, a directory it may not write) is not
+  committed either: `checkpoint()` returns False and logs one line naming the checkpoint
+  directory and the operating system's error, so a job that ignores the answer still leaves a
+  trace in its log. Nothing of it is committed and no partial file is left (each file is whole
+  or absent; chunks written before the error are collected as garbage), so the same step can be
+  written again once there is room. It used to raise a bare OSError that did not say it was the
+  checkpoint store's.
 - `restore()` returns the newest committed checkpoint this attempt knows: the one the task was
   claimed with, or one this attempt committed since. If it is corrupt, the newest older
   checkpoint of the same task that still verifies (its manifest digest and every chunk hash) is
@@ -226,8 +233,9 @@ class JobContext:
         self, step: int, arrays: Mapping[str, Any], meta: Mapping[str, Any] | None = None
     ) -> bool:
         """Writes the arrays and `meta` as the state after `step`, and has the log commit it.
-        True once committed. False when it was not: then `should_stop()` says whether the
-        attempt was superseded (stop now) or the commit merely failed (go on)."""
+        True once committed. False when it was not (the log says why, a store that cannot be
+        written among the reasons): then `should_stop()` says whether the attempt was superseded
+        (stop now) or the commit merely failed (go on)."""
         step = _count("step", step)
         if not isinstance(arrays, Mapping):
             raise TypeError(
@@ -284,6 +292,17 @@ class JobContext:
                 "checkpoint at step %d not written: this attempt wrote that step before (its "
                 "commit failed, and the log may still take it); checkpoint a later step",
                 step,
+            )
+            return False
+        except OSError as error:
+            # A full or unwritable store is this checkpoint's failure, not the job's: the job
+            # goes on and may checkpoint again once there is room.
+            self.logger.error(
+                "checkpoint at step %d not written: the checkpoint directory %s cannot be "
+                "written: %s",
+                step,
+                self.task.checkpoint_dir,
+                error,
             )
             return False
         with self._acks:

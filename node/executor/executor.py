@@ -26,12 +26,22 @@ Rules:
   end with the attempt (one that left the group, with `setsid`, is out of reach).
 - Final updates (completion, failure) are retried with one idempotency key until the log answers,
   so a leader change cannot apply them twice or lose them.
+- An attempt holds its devices or CPU slot (its grant) exactly while it is in `attempts`, from its
+  claim to its end, and whatever ends it lets go of them: a worker that cannot be started (its
+  log directory or file cannot be made on a full disk, no processes) fails the attempt at once,
+  naming what failed and why, and so does an error of the executor's own while it supervises one.
+  A grant held on by an attempt nobody ran kept the region's room taken while the region still
+  showed it free, and the tasks placed there waited forever.
+- A job's log that cannot be written (a full disk) is not the job's failure: the rest of its
+  output is read and dropped, so the worker never blocks on a full pipe, and the node's log says
+  so once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -41,10 +51,10 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from node.config import ENV_PREFIX, ConfigError, NodeConfig
 from node.executor import protocol, sandbox
@@ -160,6 +170,8 @@ class _Attempt:
     last_contact_s: float = field(default_factory=time.monotonic)
     # What its /tmp and /var/tmp held when it was stopped for it (`executor.tmp_bytes_max`).
     tmp_bytes: int = 0
+    # Set when `_end` begins: its outcome is being (or has been) reported.
+    ended: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -362,6 +374,7 @@ class Executor:
             grant = self._reserve(spec)
             if grant is None:
                 continue
+            attempt: _Attempt | None = None
             try:
                 claimed = await self._propose(
                     TaskClaim(
@@ -372,20 +385,27 @@ class Executor:
                         lease_ttl_ms=int(self.settings.lease_ttl_s * 1000),
                     )
                 )
+                attempt = _Attempt(
+                    job_id=job_id,
+                    task_index=task_index,
+                    token=claimed["token"],
+                    attempt=claimed["attempt"],
+                    grant=grant,
+                    wall_time_limit_s=wall_time_limit_s,
+                )
             except XrError as error:
-                self._release(grant)
                 log.debug("claim of %s[%d] refused: %s", job_id, task_index, error)
                 continue
-            attempt = _Attempt(
-                job_id=job_id,
-                task_index=task_index,
-                token=claimed["token"],
-                attempt=claimed["attempt"],
-                grant=grant,
-                wall_time_limit_s=wall_time_limit_s,
-            )
+            finally:
+                # Until an attempt holds it, the grant is this pass's: a refusal, an error or
+                # the executor stopping gives it back.
+                if attempt is None:
+                    self._release(grant)
             self.attempts[attempt.key] = attempt
-            self._spawn(self._supervise(attempt, claimed.get("checkpoint")))
+            supervision = self._spawn(self._supervise(attempt, claimed.get("checkpoint")))
+            # `_supervise` lets go of the attempt when it ends; this also covers a supervision
+            # cancelled before it began (the executor stopping), whose code never runs.
+            supervision.add_done_callback(functools.partial(self._forget_when_done, attempt))
 
     def _reserve(self, spec: JobSpec) -> Grant | None:
         """Whole devices or a memory share of one (`xrcore.devices`) for a task that uses GPUs
@@ -406,10 +426,29 @@ class Executor:
         else:
             self.free_slots += 1
 
-    def _spawn(self, work: Any) -> None:
+    def _forget(self, attempt: _Attempt) -> None:
+        """Lets go of an attempt: out of `attempts`, its devices or slot free again. An attempt
+        holds its grant exactly while it is in `attempts`, so a second call does nothing (nor
+        one for an attempt a newer one of the same task has replaced)."""
+        if self.attempts.get(attempt.key) is attempt:
+            del self.attempts[attempt.key]
+            self._release(attempt.grant)
+
+    def _forget_when_done(self, attempt: _Attempt, _supervision: asyncio.Task[None]) -> None:
+        self._forget(attempt)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._reap)
+        return task
+
+    def _reap(self, task: asyncio.Task[None]) -> None:
+        """Forgets a finished task and logs what it raised, which would otherwise surface only
+        as asyncio's "Task exception was never retrieved" when the task is garbage-collected."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("executor task %s failed", task.get_coro(), exc_info=error)
 
     # Proposals.
 
@@ -488,14 +527,29 @@ class Executor:
         return environment
 
     async def _supervise(self, attempt: _Attempt, checkpoint: dict[str, Any] | None) -> None:
-        spec = self.store.replica.read(lambda machine: machine.jobs[attempt.job_id].spec)
-        user, own = self._user_of(spec.tenant)
+        """Runs a claimed attempt to its end, and lets go of it (`_forget`) however it ends: its
+        worker's exit, a worker that could not start, or an error of the executor's own, which
+        fails the attempt at once (the task is then retried or failed by the usual rules)
+        instead of holding its grant until the lease expires."""
         private = None
-        if user is not None and self.sandboxes is not None:
-            private = self.sandboxes / f"attempt-{attempt.token}"
         try:
+            spec = self.store.replica.read(lambda machine: machine.jobs[attempt.job_id].spec)
+            user, own = self._user_of(spec.tenant)
+            if user is not None and self.sandboxes is not None:
+                private = self.sandboxes / f"attempt-{attempt.token}"
             await self._run_worker(attempt, checkpoint, spec, user, own, private)
+        except Exception as error:
+            log.exception(
+                "%s[%d] attempt %d: supervising it failed; failing it",
+                attempt.job_id,
+                attempt.task_index,
+                attempt.attempt,
+            )
+            if not attempt.ended:
+                failure = f"executor error: {type(error).__name__}: {error}"
+                await self._end(attempt, exit_code=None, failure=(failure, True))
         finally:
+            self._forget(attempt)
             if private is not None:
                 # What the job left in its /tmp and /var/tmp goes with the attempt.
                 await asyncio.to_thread(shutil.rmtree, private, ignore_errors=True)
@@ -511,66 +565,16 @@ class Executor:
     ) -> None:
         """Runs one attempt's worker to its end: as `user` (None: the node's), with its own
         /tmp, /var/tmp and /dev/shm over the directory `private` when given."""
-        parent, child = socket.socketpair()
         log_file = logs_path(
             self.config.data_dir, attempt.job_id, attempt.task_index, attempt.attempt
         )
-        # Jobs' output is their tenants' own: the directory of logs is the node's alone (0700
-        # when made here, whatever the umask); the node serves them through the API.
-        log_file.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        log_file.parent.mkdir(exist_ok=True)
-        command = protocol.worker_command(self.python)
-        # As another user, the worker's files are that user's alone, whatever the node's umask
-        # (as the node's user, a job can read what the node can anyway).
-        options = {} if user is None else {**user.spawn_options(), "umask": sandbox.UMASK}
         try:
-            environment = self._environment(
-                attempt,
-                spec,
-                user,
-                checkpoint,
-                child.fileno(),
-                # Made only for a worker as another user (`_supervise`).
-                private_tmp=private is not None,
+            parent, sink = await self._start_worker(
+                attempt, checkpoint, spec, user, own, private, log_file
             )
-            # Off the loop: the checkpoint directory is often a network mount.
-            await asyncio.to_thread(
-                prepare_area, self.config.checkpoint_dir / tenant_area(spec.tenant), user, own=own
-            )
-            if private is not None and user is not None:
-                await asyncio.to_thread(sandbox.make_directories, private)
-                # The sandbox switches to the user after its mounts, and sets the umask.
-                command = user.sandboxed(
-                    private,
-                    command,
-                    self.kept,
-                    self.settings.shm_bytes_max,
-                    self.settings.private_network,
-                )
-                options = {}
-                environment["TMPDIR"] = "/tmp"
-            attempt.process = await asyncio.create_subprocess_exec(
-                *command,
-                env=environment,
-                pass_fds=(child.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                **options,
-            )
-        except (OSError, ConfigError, protocol.ProtocolError) as error:
-            # A description the worker would refuse (bad arguments) fails for good; an
-            # operating-system error (no processes, no memory) or a checkpoint area this
-            # region's settings cannot use may pass (elsewhere, or after a repair).
-            retryable = not isinstance(error, protocol.ProtocolError)
-            child.close()
-            parent.close()
-            await self._end(
-                attempt, exit_code=None, failure=(f"cannot start worker: {error}", retryable)
-            )
+        except Exception as error:
+            await self._fail_start(attempt, error)
             return
-        child.close()
         log.info(
             "running %s[%d] attempt %d (token %d) on %s",
             attempt.job_id,
@@ -579,30 +583,148 @@ class Executor:
             attempt.token,
             ",".join(map(str, attempt.grant.devices)) or "cpu",
         )
-        reader, attempt.writer = await asyncio.open_unix_connection(
-            sock=parent, limit=protocol.LINE_BYTES_MAX
-        )
-        pumps = [
-            asyncio.create_task(self._pump_logs(attempt, log_file)),
-            asyncio.create_task(self._read_messages(attempt, reader)),
-        ]
-        watches = [asyncio.create_task(self._keep_alive(attempt))]
-        if private is not None and self.settings.tmp_bytes_max is not None:
-            watches.append(asyncio.create_task(self._watch_tmp(attempt, private)))
-        exit_code = await _exited(attempt.process)
-        # What the job started and left running (a child process, a daemon) goes with it; it
-        # would also keep the log's pipe open.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(attempt.process.pid, signal.SIGKILL)
-        for pump in pumps:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(pump, 5.0)
-        for watch in watches:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-        attempt.writer.close()
+        exit_code = await self._serve_worker(attempt, parent, sink, private)
         await self._end(attempt, exit_code=exit_code, log_file=log_file)
+
+    async def _start_worker(
+        self,
+        attempt: _Attempt,
+        checkpoint: dict[str, Any] | None,
+        spec: JobSpec,
+        user: JobUser | None,
+        own: bool,
+        private: Path | None,
+        log_file: Path,
+    ) -> tuple[socket.socket, BinaryIO]:
+        """Starts the attempt's worker (`attempt.process`); returns the executor's end of its
+        control channel and its log file, open. Raises what stopped it, leaving nothing open."""
+        with contextlib.ExitStack() as undo:
+            parent, child = socket.socketpair()
+            undo.callback(parent.close)
+            # The worker's end is the worker's once it runs: closed here in any case.
+            with child:
+                sink = undo.enter_context(_open_log(log_file))
+                command = protocol.worker_command(self.python)
+                # As another user, the worker's files are that user's alone, whatever the
+                # node's umask (as the node's user, a job can read what the node can anyway).
+                options = {} if user is None else {**user.spawn_options(), "umask": sandbox.UMASK}
+                environment = self._environment(
+                    attempt,
+                    spec,
+                    user,
+                    checkpoint,
+                    child.fileno(),
+                    # Made only for a worker as another user (`_supervise`).
+                    private_tmp=private is not None,
+                )
+                # Off the loop: the checkpoint directory is often a network mount.
+                await asyncio.to_thread(
+                    prepare_area,
+                    self.config.checkpoint_dir / tenant_area(spec.tenant),
+                    user,
+                    own=own,
+                )
+                if private is not None and user is not None:
+                    await asyncio.to_thread(sandbox.make_directories, private)
+                    # The sandbox switches to the user after its mounts, and sets the umask.
+                    command = user.sandboxed(
+                        private,
+                        command,
+                        self.kept,
+                        self.settings.shm_bytes_max,
+                        self.settings.private_network,
+                    )
+                    options = {}
+                    environment["TMPDIR"] = "/tmp"
+                attempt.process = await asyncio.create_subprocess_exec(
+                    *command,
+                    env=environment,
+                    pass_fds=(child.fileno(),),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                    **options,
+                )
+            undo.pop_all()
+        return parent, sink
+
+    async def _fail_start(self, attempt: _Attempt, error: Exception) -> None:
+        """Fails at once an attempt whose worker could not be started, saying why: an
+        operating-system error names the path and the error ("[Errno 28] No space left on
+        device: '<data_dir>/logs/job-7'")."""
+        # A description the worker would refuse (bad arguments) fails for good; anything else
+        # (a full disk, no processes, no memory, a checkpoint area this region's settings cannot
+        # use, a fault of the executor's own) may pass, elsewhere or after a repair.
+        retryable = not isinstance(error, protocol.ProtocolError)
+        foreseen = isinstance(error, (OSError, ConfigError, protocol.ProtocolError))
+        reason = str(error) if foreseen else f"{type(error).__name__}: {error}"
+        message = f"cannot start worker: {reason}"
+        log.error(
+            "%s[%d] attempt %d: %s",
+            attempt.job_id,
+            attempt.task_index,
+            attempt.attempt,
+            message,
+            # A fault of the executor's own: where it happened matters.
+            exc_info=None if foreseen else error,
+        )
+        await self._end(attempt, exit_code=None, failure=(message, retryable))
+
+    async def _serve_worker(
+        self, attempt: _Attempt, parent: socket.socket, sink: BinaryIO, private: Path | None
+    ) -> int | None:
+        """Serves a started worker until it exits (its output to `sink`, its messages, its
+        lease); its exit code. Then, or when this fails or is cancelled, the worker's process
+        group is killed and its channel and log file are closed."""
+        process = attempt.process
+        assert process is not None
+        pumps: list[asyncio.Task[None]] = []
+        watches: list[asyncio.Task[None]] = []
+        try:
+            reader, attempt.writer = await asyncio.open_unix_connection(
+                sock=parent, limit=protocol.LINE_BYTES_MAX
+            )
+            pumps = [
+                asyncio.create_task(self._pump_logs(attempt, sink)),
+                asyncio.create_task(self._read_messages(attempt, reader)),
+            ]
+            watches = [asyncio.create_task(self._keep_alive(attempt))]
+            if private is not None and self.settings.tmp_bytes_max is not None:
+                watches.append(asyncio.create_task(self._watch_tmp(attempt, private)))
+            exit_code = await _exited(process)
+            # What the job started and left running (a child process, a daemon) goes with it;
+            # it would also keep the log's pipe open.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            for pump in pumps:
+                # A pump's own error is logged below; the attempt ends as its worker says.
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(pump, 5.0)
+            return exit_code
+        finally:
+            if process.returncode is None:
+                # Serving it failed or was cancelled: the worker does not outlive its attempt.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            for task in (*pumps, *watches):
+                task.cancel()
+            outcomes = await asyncio.gather(*pumps, *watches, return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, Exception):
+                    log.error(
+                        "%s[%d] attempt %d: serving it failed",
+                        attempt.job_id,
+                        attempt.task_index,
+                        attempt.attempt,
+                        exc_info=outcome,
+                    )
+            if attempt.writer is not None:
+                attempt.writer.close()
+            else:
+                parent.close()
+            with contextlib.suppress(OSError):
+                sink.close()
 
     async def _end(
         self,
@@ -612,6 +734,7 @@ class Executor:
         failure: tuple[str, bool] | None = None,
         log_file: Path | None = None,
     ) -> None:
+        attempt.ended = True
         try:
             reason = attempt.stop_reason
             if failure is not None:
@@ -661,8 +784,7 @@ class Executor:
                 )
                 await self._propose_final(attempt.fail(error, retryable=retryable))
         finally:
-            self.attempts.pop(attempt.key, None)
-            self._release(attempt.grant)
+            self._forget(attempt)
             log.info(
                 "%s[%d] attempt %d ended (exit %s, %s)",
                 attempt.job_id,
@@ -672,29 +794,32 @@ class Executor:
                 attempt.stop_reason or ("result" if attempt.result else "failure"),
             )
 
-    async def _pump_logs(self, attempt: _Attempt, path: Path) -> None:
+    async def _pump_logs(self, attempt: _Attempt, sink: BinaryIO) -> None:
         """Copies the worker's output to its log file, never letting the file pass
         `executor.log_bytes_max`: past it, the newest half is kept (the end of a log says why a
-        task failed), whatever the size of the chunk that crossed the limit."""
+        task failed), whatever the size of the chunk that crossed the limit. Once the file
+        cannot be written (a full disk), the rest is read and dropped: a worker whose output is
+        not read blocks on its pipe, and its attempt would hold its grant until its wall time."""
         assert attempt.process is not None and attempt.process.stdout is not None
         limit = self.settings.log_bytes_max
-        marker = b"[xr: earlier output dropped, log limit reached]\n"
-        size = 0
-        with path.open("r+b" if path.exists() else "w+b") as sink:
-            sink.seek(0, os.SEEK_END)
-            size = sink.tell()
-            while chunk := await attempt.process.stdout.read(65536):
-                if size + len(chunk) <= limit:
-                    sink.write(chunk)
-                    size += len(chunk)
-                else:
-                    sink.seek(0)
-                    kept = (sink.read() + chunk)[-max(limit // 2 - len(marker), 0) :]
-                    sink.seek(0)
-                    sink.truncate()
-                    sink.write(marker + kept)
-                    size = sink.tell()
-                sink.flush()
+        writable = True
+        size = sink.seek(0, os.SEEK_END)
+        while chunk := await attempt.process.stdout.read(65536):
+            if not writable:
+                continue
+            try:
+                size = _append_bounded(sink, chunk, size, limit)
+            except OSError as error:
+                writable = False
+                log.error(
+                    "%s[%d] attempt %d: cannot write its log %s: %s; dropping the rest of its "
+                    "output",
+                    attempt.job_id,
+                    attempt.task_index,
+                    attempt.attempt,
+                    sink.name,
+                    error,
+                )
 
     async def _read_messages(self, attempt: _Attempt, reader: asyncio.StreamReader) -> None:
         while True:
@@ -907,6 +1032,35 @@ def _exit_description(exit_code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-exit_code}"
     return f"exited with code {exit_code}"
+
+
+def _open_log(path: Path) -> BinaryIO:
+    """An attempt's log file, open for writing at its end. Jobs' output is their tenants' own:
+    the directory of logs is the node's alone (0700 when made here, whatever the umask); the node
+    serves them through the API."""
+    path.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.parent.mkdir(exist_ok=True)
+    return path.open("r+b" if path.exists() else "w+b")
+
+
+_LOG_DROPPED_MARKER = b"[xr: earlier output dropped, log limit reached]\n"
+
+
+def _append_bounded(sink: BinaryIO, chunk: bytes, size: int, limit: int) -> int:
+    """Appends `chunk` to a log of `size` bytes, keeping it within `limit` bytes (past it, the
+    newest half with a marker); the log's new size."""
+    if size + len(chunk) <= limit:
+        sink.write(chunk)
+        size += len(chunk)
+    else:
+        sink.seek(0)
+        kept = (sink.read() + chunk)[-max(limit // 2 - len(_LOG_DROPPED_MARKER), 0) :]
+        sink.seek(0)
+        sink.truncate()
+        sink.write(_LOG_DROPPED_MARKER + kept)
+        size = sink.tell()
+    sink.flush()
+    return size
 
 
 def _tail(path: Path | None, characters: int = 1500) -> str:
