@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.client.fake_node import FakeNode, FakeNodes, Reply, error
+from tests.client.fake_node import FakeNode, FakeNodes, Reply, error, refused_url
 from xrcore.client import AsyncClient, Client, LockLost, SessionLost
-from xrcore.errors import Compacted
+from xrcore.errors import ClusterUnavailable, Compacted, UnknownOutcome
 
 pytestmark = pytest.mark.integration
 
@@ -129,6 +129,95 @@ def test_async_client_closed_inside_a_lock_block__check_and_exit_raise_lock_lost
                     lease.check()
 
     asyncio.run(scenario())
+
+
+# Closing the client under a call.
+
+
+def _close_during(client: Client, node: FakeNode | None, call: Any) -> BaseException:
+    """What `call()`, run in another thread, raises when `client` is closed once `node` has
+    seen its request (without a node: after a moment of retries)."""
+    outcome: list[BaseException] = []
+
+    def run_call() -> None:
+        try:
+            call()
+        except BaseException as error:
+            outcome.append(error)
+
+    caller = threading.Thread(target=run_call)
+    caller.start()
+    if node is None:
+        time.sleep(0.3)
+    else:
+        _wait_until(lambda: node.seen, "the request reached the node")
+    closed_s = time.monotonic()
+    client.close()
+    caller.join(WAIT_S)
+    assert not caller.is_alive(), "the call is stuck after close()"
+    assert time.monotonic() - closed_s < 2.0
+    assert len(outcome) == 1, "the call returned"
+    return outcome[0]
+
+
+def test_client_closed_while_a_write_waits_for_a_paused_node__raises_an_indefinite_error(
+    fakes: FakeNodes,
+) -> None:
+    """It raised `RuntimeError: the client was closed while this call ran`, and the write was
+    applied once the node resumed: an application that catches `XrError` never saw it."""
+    node = fakes.add({"PUT /v1/kv/k": [Reply(delay_s=30.0)]})
+    client = Client(node.url, timeout_s=10)
+    raised = _close_during(client, node, lambda: client.kv.put("k", "v"))
+    assert isinstance(raised, UnknownOutcome), repr(raised)
+    assert not raised.definite
+    assert raised.message.startswith(
+        "PUT /v1/kv/k: the client was closed while this call ran; it may or may not have been "
+        "applied"
+    ), raised.message
+
+
+def test_client_closed_while_a_write_reached_no_node__raises_a_definite_error() -> None:
+    client = Client(refused_url(), timeout_s=30)
+    raised = _close_during(client, None, lambda: client.kv.put("k", "v"))
+    assert isinstance(raised, ClusterUnavailable), repr(raised)
+    assert raised.definite
+    assert "the client was closed while this call ran; nothing was applied" in raised.message
+
+
+@pytest.mark.parametrize("reached", [True, False], ids=["sent", "not sent"])
+def test_async_client_closed_while_a_write_runs__raises_an_error_that_says_if_it_applied(
+    fakes: FakeNodes, reached: bool
+) -> None:
+    """`AsyncClient` raised `RuntimeError: the client is closed` from the call's next try."""
+    url = fakes.add({"PUT /v1/kv/k": [Reply(delay_s=30.0)]}).url if reached else refused_url()
+
+    async def scenario() -> BaseException:
+        client = AsyncClient(url, timeout_s=30)
+        put = asyncio.ensure_future(client.kv.put("k", "v"))
+        await asyncio.sleep(0.3)
+        await client.close()
+        async with asyncio.timeout(2.0):
+            (outcome,) = await asyncio.gather(put, return_exceptions=True)
+        assert isinstance(outcome, BaseException), "the write returned"
+        return outcome
+
+    raised = asyncio.run(scenario())
+    assert isinstance(raised, UnknownOutcome if reached else ClusterUnavailable), repr(raised)
+    assert raised.definite is not reached
+    assert "the client was closed while this call ran" in raised.message
+
+
+def test_a_call_made_after_close__raises_runtime_error(fakes: FakeNodes) -> None:
+    node = _lock_node(fakes)
+
+    async def scenario() -> None:
+        client = AsyncClient(node.url, timeout_s=5)
+        await client.close()
+        with pytest.raises(RuntimeError, match="the client is closed"):
+            await client.kv.put("k", "v")
+
+    asyncio.run(scenario())
+    assert not node.seen
 
 
 # Interrupted streams.

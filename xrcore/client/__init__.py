@@ -36,11 +36,16 @@ node's own "no such key" (a web server's "404: Not Found", or the node's "no rou
 endpoint URL with a path after the port) raises `XrError` naming the path: a `get` returns None
 only for an object that does not exist.
 
-Closing a client ends the keep-alives of the `session()` and `lock()` blocks still running, so
-their sessions and locks are marked lost at once: `lost` turns true, and `check()` and leaving
-the block raise `LockLost` (or `SessionLost`). A blocking `next()` of a watch that is interrupted
-(KeyboardInterrupt, an exception from a signal handler) can be called again and takes up where
-it was; see `Stream`.
+Closing a client ends the calls still running on it (in other threads or tasks) at once, each
+with an `XrError` that says whether it took effect, as a call out of time does: `UnknownOutcome`
+(indefinite: it may or may not have been applied) when a try of a write had been sent, and
+`ClusterUnavailable` (definite: nothing was applied) when none had, or for a read. A watch or a
+`jobs.wait` running then ends with that error too; a call made after the close raises
+RuntimeError. Closing also ends the keep-alives of the `session()` and `lock()` blocks still
+running, so their sessions and locks are marked lost at once: `lost` turns true, and `check()`
+and leaving the block raise `LockLost` (or `SessionLost`). A blocking `next()` of a watch that
+is interrupted (KeyboardInterrupt, an exception from a signal handler) can be called again and
+takes up where it was; see `Stream`.
 
 Arguments are checked before anything is sent, with the cluster's own rules (`xrcore`'s checks
 and limits), and the error names the argument: a wrong type raises TypeError (True is not an
@@ -52,6 +57,8 @@ and a NaN or infinity in a request body (a job spec), raise ValueError; a string
 surrogate (bytes that are not UTF-8) raises UnicodeEncodeError, a ValueError. `client.lock()`
 and `client.session()` check theirs when called, before any session is granted. A job spec
 with a field this version does not know is sent as given: a newer cluster may know it."""
+
+import logging
 
 from xrcore.client._api import (
     AsyncCluster,
@@ -102,6 +109,11 @@ from xrcore.client._sync import (
     Stream,
     Tenants,
 )
+
+# A library leaves logging to the application: without a handler of its own, the warnings of
+# keep-alives in the background would reach stderr through logging's last resort in a program
+# that set up no logging.
+logging.getLogger("xr.client").addHandler(logging.NullHandler())
 
 __all__ = [
     "AsyncClient",

@@ -98,6 +98,12 @@ OUTAGE_ERRORS = (ClusterUnavailable, Timeout, LeaderChanged, UnknownOutcome)
 POLL_S = 20.0
 # Keys per page of `kv.list` and events per long poll of `kv.watch`.
 PAGE_LIMIT = 100
+# What a `jobs.wait` with a timeout gives its last poll past the end of the wait, for the answer
+# to come back or for a node that does not answer to be given up: the wait ends within
+# `timeout_s` and this, not `timeout_s` and the client's whole call timeout.
+WAIT_ANSWER_S = 1.0
+# The least time a keep-alive try of a keeper is given (`AsyncSessions._keepalive`).
+KEEPALIVE_TRY_MIN_S = 0.5
 
 
 _CONSISTENCIES = ("linearizable", "stale")
@@ -300,6 +306,9 @@ class AsyncKv:
                     "GET", "/v1/watch", query=query, wait_s=allowance.poll_s(POLL_S)
                 )
             except OUTAGE_ERRORS as error:
+                if self._transport.closed:
+                    # The client's close ended the poll: no outage to ride out.
+                    raise
                 allowance.failed(error)
                 continue
             allowance.succeeded()
@@ -330,15 +339,25 @@ class AsyncSessions:
 
     async def keepalive(self, session_id: str) -> SessionInfo:
         """Renews the session for another TTL; `NotFound` when it has ended."""
-        return await self._keepalive(session_id, timeout_s=None)
+        return await self._keepalive(session_id)
 
-    async def _keepalive(self, session_id: str, *, timeout_s: float | None) -> SessionInfo:
-        """`keepalive` with its own deadline (a keeper must know before the TTL runs out)."""
+    async def _keepalive(
+        self, session_id: str, *, timeout_s: float | None = None, ttl_s: float | None = None
+    ) -> SessionInfo:
+        """`keepalive` for a keeper, which must know before the TTL runs out (`timeout_s`: what
+        is left of it). With the session's `ttl_s`, a try has at most a third of the TTL shared
+        among the endpoints (KEEPALIVE_TRY_MIN_S at least): a silent node (paused, cut off) is
+        given up soon enough for the other endpoints to be tried before the session expires."""
+        try_timeout_max_s = None
+        if ttl_s is not None:
+            endpoints = len(self._transport.endpoints)
+            try_timeout_max_s = max(KEEPALIVE_TRY_MIN_S, ttl_s / (3 * endpoints))
         document = await self._transport.call(
             "POST",
             f"/v1/sessions/{_segment('session_id', session_id)}/keepalive",
             write=True,
             timeout_s=timeout_s,
+            try_timeout_max_s=try_timeout_max_s,
         )
         return convert(document, SessionInfo)
 
@@ -519,7 +538,10 @@ class AsyncJobs:
     async def wait(self, job_id: str, *, timeout_s: float | None = None) -> Job:
         """The job once every task has finished (succeeded, failed or cancelled). Long polls;
         `Timeout` when it has not finished within `timeout_s` (None: no limit; 0: look once),
-        `NotFound` when there is no such job."""
+        `NotFound` when there is no such job. When no node answered the last look, the
+        outage error of that look (`ClusterUnavailable`) is raised instead, saying so: whether
+        the job finished is not known. With `timeout_s`, either comes within `timeout_s` and a
+        second; without, an outage is ridden out for `retry_s`."""
         path = _job_path(job_id)
         if timeout_s is not None and check_seconds("timeout_s", timeout_s) < 0:
             raise ValueError(f"timeout_s must be a number of seconds, 0 or more, got {timeout_s}")
@@ -527,6 +549,9 @@ class AsyncJobs:
         deadline_s = None if timeout_s is None else loop.time() + timeout_s
         allowance = _OutageAllowance(self._retry_s)
         polled = False
+        answered = False
+        # The error of the last look, when no node answered it.
+        outage: XrError | None = None
         while True:
             poll_s = POLL_S
             if deadline_s is not None:
@@ -534,18 +559,49 @@ class AsyncJobs:
                 # The job is looked at at least once, so a finished job is returned even with
                 # no time to wait (timeout_s=0).
                 if left_s <= 0 and polled:
+                    if outage is not None:
+                        assert timeout_s is not None, "a deadline comes from timeout_s"
+                        raise _unanswered_wait(job_id, timeout_s, outage, answered=answered)
                     raise Timeout(f"job {job_id!r} did not finish within {timeout_s} s")
                 poll_s = max(0.0, min(poll_s, left_s))
             polled = True
+            wait_s = allowance.poll_s(poll_s)
+            call_timeout_s = None
+            if deadline_s is not None:
+                # The call's own time past its wait ends by the wait's deadline (WAIT_ANSWER_S).
+                left_s = deadline_s - loop.time()
+                call_timeout_s = min(self._transport.timeout_s, max(WAIT_ANSWER_S, left_s - wait_s))
             try:
-                document = await self._transport.call("GET", path, wait_s=allowance.poll_s(poll_s))
+                document = await self._transport.call(
+                    "GET", path, wait_s=wait_s, timeout_s=call_timeout_s
+                )
             except OUTAGE_ERRORS as error:
+                if self._transport.closed:
+                    # The client's close ended the poll: no outage to ride out.
+                    raise
+                outage = error
                 allowance.failed(error)
                 continue
+            answered = True
+            outage = None
             allowance.succeeded()
             job = convert(document, Job)
             if job.finished:
                 return job
+
+
+def _unanswered_wait(job_id: str, timeout_s: float, outage: XrError, *, answered: bool) -> XrError:
+    """The error of a `jobs.wait` whose time ran out while no node answered: the outage's own
+    kind, since whether the job finished is not known."""
+    seen = (
+        "had not finished when a node last answered, and no node answered after that"
+        if answered
+        else "could not be looked at: no node answered"
+    )
+    return type(outage)(
+        f"job {job_id!r} {seen} within the wait of {timeout_s:g} s, so whether it has finished "
+        f"is not known; {outage.message}"
+    )
 
 
 class AsyncRegions:

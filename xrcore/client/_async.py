@@ -112,8 +112,9 @@ class AsyncClient:
     def lock(self, name: str, *, ttl_s: float = 10.0, wait_s: float = 30.0) -> LockContext:
         """`async with client.lock(name) as lease:` the lock, under a session of its own that is
         kept alive in the background and ended on exit, which releases the lock. Waits up to
-        `wait_s` in the lock's queue (`LockNotGranted` after). `lease.token` is the fencing
-        token; a lost lock shows in `lease.lost`, `lease.check()` and on leaving the block."""
+        `wait_s` in the lock's queue (`LockNotGranted` after, or as soon as the waiting session
+        is lost, with the reason). `lease.token` is the fencing token; a lost lock shows in
+        `lease.lost`, `lease.check()` and on leaving the block."""
         return LockContext(
             self.sessions,
             self.locks,
@@ -124,10 +125,12 @@ class AsyncClient:
         )
 
     async def close(self) -> None:
-        """Closes the connections and stops keeping alive the sessions of the `session()` and
-        `lock()` blocks still running: their sessions expire at the end of their TTLs and their
-        locks pass on, so each is marked lost at once (`lost`, `check()` raises `SessionLost` or
-        `LockLost`, and so does leaving the block). Safe to call twice."""
+        """Closes the connections and ends the calls still running, each with `UnknownOutcome`
+        (indefinite) when a try of a write had been sent, else `ClusterUnavailable` (definite).
+        Stops keeping alive the sessions of the `session()` and `lock()` blocks still running:
+        their sessions expire at the end of their TTLs and their locks pass on, so each is
+        marked lost at once (`lost`, `check()` raises `SessionLost` or `LockLost`, and so does
+        leaving the block). Safe to call twice."""
         for keeper in list(self._keepers):
             await keeper.stop(
                 lost_reason=f"the client was closed, so session {keeper.session_id} is no longer "

@@ -34,8 +34,9 @@ class LockLost(XrError):
 
 
 class LockNotGranted(XrError):
-    """A lock was not granted within the time the caller was willing to wait; the caller does not
-    hold it and has left the queue."""
+    """A lock was not granted within the time the caller was willing to wait, or the session that
+    waited for it was lost first (revoked, expired, or not kept alive for a TTL: the message says
+    which); the caller does not hold it and has left the queue."""
 
     code = "lock.not_granted"
     http_status = 409

@@ -121,7 +121,9 @@ class _Keeper:
                 # The loop's condition records the loss.
                 continue
             try:
-                info = await self.sessions._keepalive(self.session_id, timeout_s=left_s)
+                info = await self.sessions._keepalive(
+                    self.session_id, timeout_s=left_s, ttl_s=self.ttl_s
+                )
             except NotFound:
                 self._lose(f"session {self.session_id} ended (revoked or expired)")
                 return
@@ -316,13 +318,7 @@ class LockContext:
         )
         keeper.start()
         try:
-            result = await self._locks.acquire(self._name, info.session_id, wait_s=self._wait_s)
-            if not result.granted or result.token is None:
-                # A wait that timed out is not told the holder, and the lock may be free by now.
-                held_by = "" if result.holder is None else f" (held by session {result.holder})"
-                raise LockNotGranted(
-                    f"lock {self._name!r} was not granted within {self._wait_s:g} s{held_by}"
-                )
+            token = await self._acquire(keeper)
         except BaseException:
             await keeper.stop()
             await _quietly(
@@ -330,8 +326,45 @@ class LockContext:
             )
             raise
         keeper.lock_name = self._name
-        self._lease = Lease(self._name, result.token, keeper)
+        self._lease = Lease(self._name, token, keeper)
         return self._lease
+
+    async def _acquire(self, keeper: _Keeper) -> int:
+        """The token of the lock, taken for the keeper's session; `LockNotGranted` when the wait
+        ends first, or when the session is lost first (then with the keeper's reason)."""
+        session_id = keeper.session_id
+        try:
+            result = await self._locks.acquire(self._name, session_id, wait_s=self._wait_s)
+        except NotFound as error:
+            # The session is the one thing an acquire can find missing: it ended (revoked, or
+            # expired while the acquire waited or was retried).
+            ended = keeper.lost_reason or f"session {session_id} ended (revoked or expired)"
+            raise LockNotGranted(
+                f"lock {self._name!r} was not granted: {ended} (the cluster answered: "
+                f"{error.message})"
+            ) from error
+        except XrError as error:
+            lost = keeper.lost_reason
+            if lost is None:
+                raise
+            raise LockNotGranted(
+                f"lock {self._name!r} was not granted: {lost} (the last try to acquire it: "
+                f"{error.message})"
+            ) from error
+        reason = keeper.lost_reason
+        if reason is not None:
+            # Granted after the session was lost: its lock may pass on at any moment.
+            granted = (
+                "" if result.token is None else f"; the grant (token {result.token}) came later"
+            )
+            raise LockNotGranted(f"lock {self._name!r} was not granted: {reason}{granted}")
+        if not result.granted or result.token is None:
+            # A wait that timed out is not told the holder, and the lock may be free by now.
+            held_by = "" if result.holder is None else f" (held by session {result.holder})"
+            raise LockNotGranted(
+                f"lock {self._name!r} was not granted within {self._wait_s:g} s{held_by}"
+            )
+        return result.token
 
     async def __aexit__(
         self,

@@ -128,9 +128,10 @@ class _Loop:
         if self.loop.is_closed():
             return
         self._closing = True
-        # Calls still running (another thread's watch) are cancelled, and raise RuntimeError in
-        # their threads, rather than wait forever on a stopped loop; iterators left open are
-        # closed on their own loop rather than by the garbage collector after it is gone.
+        # The client's close has ended its calls (each with its `XrError`); whatever else still
+        # runs is cancelled, and raises RuntimeError in its thread, rather than wait forever on a
+        # stopped loop; iterators left open are closed on their own loop rather than by the
+        # garbage collector after it is gone.
         with contextlib.suppress(RuntimeError, TimeoutError):
             self.run(_cancel_pending(), timeout_s=_CLOSE_JOIN_S)
             self.run(self.loop.shutdown_asyncgens(), timeout_s=_CLOSE_JOIN_S)
@@ -168,10 +169,10 @@ class Stream(Generic[T]):
     A `next()` interrupted while it waits (KeyboardInterrupt, an exception raised by a signal
     handler) leaves the step it waited for running: the stream's next `next()` takes up that
     same step, so no item is lost or repeated. A stream that raised an error of its own (a
-    watch's `Compacted`, or an outage longer than `retry_s`) has ended: a later `next()` raises
-    RuntimeError naming that error, never StopIteration, so a watch, which never ends by
-    itself, does not look finished. Open a new one (a watch from the revision after the last
-    event received)."""
+    watch's `Compacted`, an outage longer than `retry_s`, the client's close) has ended: a
+    later `next()` raises RuntimeError naming that error, never StopIteration, so a watch,
+    which never ends by itself, does not look finished. Open a new one (a watch from the
+    revision after the last event received)."""
 
     def __init__(self, loop: _Loop, items: AsyncIterator[T]) -> None:
         self._loop = loop
@@ -554,10 +555,12 @@ class Client:
         return _Block(self._loop, self._async.lock(name, ttl_s=ttl_s, wait_s=wait_s))
 
     def close(self) -> None:
-        """Closes the connections and stops the loop thread. The sessions and locks of blocks
-        still running (in any thread) are no longer kept alive and are marked lost at once, as
-        `AsyncClient.close` says: `check()` and leaving the block raise `LockLost` (or
-        `SessionLost`). Safe to call twice."""
+        """Closes the connections and stops the loop thread. Calls still running in other
+        threads end at once, as `AsyncClient.close` says: `UnknownOutcome` (indefinite) when a
+        try of a write had been sent, else `ClusterUnavailable` (definite). The sessions and
+        locks of blocks still running (in any thread) are no longer kept alive and are marked
+        lost at once: `check()` and leaving the block raise `LockLost` (or `SessionLost`). Safe
+        to call twice."""
         if self._loop.loop.is_closed():
             return
         try:

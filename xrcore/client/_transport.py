@@ -40,7 +40,14 @@ The rules, in the order a call meets them:
    None ("no such key") must not say so of a URL that is not the API.
 6. Deadline passed: `Timeout` (indefinite) when some try may have reached the state machine (a
    write sent without an answer, or answered with an indefinite error); `ClusterUnavailable`
-   (definite) when no try could have.
+   (definite) when no try could have. The error names each endpoint's last problem, the most
+   telling first: a node's own answer (no quorum, no leader) says more than a connection that
+   failed, so it is never hidden behind the endpoint that happened to be tried last.
+7. The client closed while the call runs (its waits, back-offs and tries): the call ends at
+   once with `UnknownOutcome` (indefinite) when some try of a write may have reached the state
+   machine, the one in flight included once its request was sent, and `ClusterUnavailable`
+   (definite) otherwise. A call begun after the close raises RuntimeError: that is a mistake
+   of the program, not an outcome.
 
 `https://` endpoints are verified against `ca_file` (the system's CAs when it is not given);
 `cert_file` and `key_file` are the client certificate a node asks for under mutual TLS. A bare
@@ -66,7 +73,7 @@ import secrets
 import ssl
 import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -75,7 +82,14 @@ import msgspec
 import yarl
 
 from xrcore._validate import check_name
-from xrcore.errors import ClusterUnavailable, NotFound, Timeout, XrError, error_from_code
+from xrcore.errors import (
+    ClusterUnavailable,
+    NotFound,
+    Timeout,
+    UnknownOutcome,
+    XrError,
+    error_from_code,
+)
 from xrcore.limits import Limits
 
 __all__ = [
@@ -333,6 +347,15 @@ class Transport:
         self._random = random.Random()
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        # The tasks running a call, and those of them that `close` cancelled: a cancellation by
+        # the close ends the call with an `XrError` (rule 7), any other stays a cancellation.
+        self._calls: set[asyncio.Task[Any]] = set()
+        self._cancelled_by_close: set[asyncio.Task[Any]] = set()
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` has begun: a loop of calls (a watch) must not retry past it."""
+        return self._closed
 
     @property
     def current_endpoint(self) -> str:
@@ -395,7 +418,12 @@ class Transport:
             raise
 
     async def close(self) -> None:
+        """Ends the calls still running (rule 7) and closes the connections."""
         self._closed = True
+        current = asyncio.current_task()
+        for task in self._calls - {current}:
+            self._cancelled_by_close.add(task)
+            task.cancel()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -435,12 +463,15 @@ class Transport:
         wait_s: float | None = None,
         wait_in: Literal["query", "body"] = "query",
         timeout_s: float | None = None,
+        try_timeout_max_s: float | None = None,
     ) -> Any:
         """The decoded answer of `method path` (a JSON object), following the rules in the module
         docstring. `path` is already percent-encoded. `wait_s` makes the call a long poll: the
         deadline grows by it, and each try sends the wait that is left as `wait_s` in the query
         or the body. A write with `wait_s` is a long-poll write: it takes no place in the window
-        of writes in flight (module docstring, rule 2)."""
+        of writes in flight (module docstring, rule 2). `try_timeout_max_s` bounds each try
+        besides the call's own share (a keep-alive must move on from a silent node well within
+        its session's TTL)."""
         if timeout_s is not None and (not timeout_s > 0 or math.isinf(timeout_s)):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s}")
         if wait_s is not None and (not wait_s >= 0 or math.isinf(wait_s)):
@@ -453,35 +484,59 @@ class Transport:
         wait_until_s = started_s + (wait_s or 0.0)
         deadline_s = wait_until_s + own_timeout_s
         headers = self._headers(secrets.token_hex(8))
-        in_window = write and wait_s is None
-        seq = 0
-        if write:
-            headers[CLIENT_ID_HEADER] = self.client_id
-            # A long-poll write takes no place in the window (module docstring, rule 2).
-            seq = (
-                await self._take_turn(method, path, deadline_s, own_timeout_s)
-                if in_window
-                else self.next_seq()
-            )
-            headers[SEQ_HEADER] = str(seq)
+        record = _Record(write=write)
+        with self._running(lambda: _closed_error(method, path, record)):
+            in_window = write and wait_s is None
+            seq = 0
+            if write:
+                headers[CLIENT_ID_HEADER] = self.client_id
+                # A long-poll write takes no place in the window (module docstring, rule 2).
+                seq = (
+                    await self._take_turn(method, path, deadline_s, own_timeout_s)
+                    if in_window
+                    else self.next_seq()
+                )
+                headers[SEQ_HEADER] = str(seq)
+            try:
+                return await self._tries(
+                    method,
+                    path,
+                    query=query,
+                    body=body,
+                    record=record,
+                    headers=headers,
+                    started_s=started_s,
+                    wait_until_s=None if wait_s is None else wait_until_s,
+                    deadline_s=deadline_s,
+                    own_timeout_s=own_timeout_s,
+                    try_timeout_max_s=try_timeout_max_s,
+                    wait_in=wait_in,
+                )
+            finally:
+                # However the call ended: an answer, an error, a cancellation.
+                if in_window:
+                    self._leave_window(seq)
+
+    @contextlib.contextmanager
+    def _running(self, closed_error: Callable[[], XrError]) -> Iterator[None]:
+        """Runs one call of the current task so that `close` can end it (rule 7): a cancellation
+        by the close is raised as `closed_error()`. RuntimeError when the client is closed
+        already."""
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        task = asyncio.current_task()
+        assert task is not None, "a call runs in a task"
+        self._calls.add(task)
         try:
-            return await self._tries(
-                method,
-                path,
-                query=query,
-                body=body,
-                write=write,
-                headers=headers,
-                started_s=started_s,
-                wait_until_s=None if wait_s is None else wait_until_s,
-                deadline_s=deadline_s,
-                own_timeout_s=own_timeout_s,
-                wait_in=wait_in,
-            )
+            yield
+        except asyncio.CancelledError:
+            # A cancellation of the caller's own (a timeout around the call) stays one.
+            if task not in self._cancelled_by_close or task.uncancel() > 0:
+                raise
+            raise closed_error() from None
         finally:
-            # However the call ended: an answer, an error, a cancellation.
-            if in_window:
-                self._leave_window(seq)
+            self._calls.discard(task)
+            self._cancelled_by_close.discard(task)
 
     async def _tries(
         self,
@@ -490,22 +545,20 @@ class Transport:
         *,
         query: Mapping[str, str] | None,
         body: Mapping[str, Any] | None,
-        write: bool,
+        record: _Record,
         headers: Mapping[str, str],
         started_s: float,
         wait_until_s: float | None,
         deadline_s: float,
         own_timeout_s: float,
+        try_timeout_max_s: float | None,
         wait_in: Literal["query", "body"],
     ) -> dict[str, Any]:
         """The tries of one call, until an answer, an error to raise, or its deadline;
-        `wait_until_s`: when a long poll's wait ends (None: not a long poll)."""
+        `wait_until_s`: when a long poll's wait ends (None: not a long poll). What the tries
+        meet goes in `record`, which the call's error reports."""
         loop = asyncio.get_running_loop()
-        uncertain = False
-        last_problem = "no try was made"
-        # Whether the last problem was a node's answer that its cluster has no leader, or that
-        # the log entry was not committed in time: what a cluster without a quorum answers.
-        last_without_quorum = False
+        write = record.write
         tries = 0
         # A long poll waits on a node that took its request: while no node has (each refused
         # the connection, or none could be reached), the call has its own timeout alone.
@@ -518,24 +571,19 @@ class Transport:
             give_up_s = deadline_s if reached else min(deadline_s, started_s + own_timeout_s)
             remaining_s = give_up_s - now_s
             if remaining_s <= 0:
-                raise _give_up(
-                    method,
-                    path,
-                    give_up_s - started_s,
-                    uncertain,
-                    last_problem,
-                    write=write,
-                    without_quorum=last_without_quorum,
-                )
+                raise _give_up(method, path, give_up_s - started_s, record)
             endpoint_index = self._current
+            endpoint = self.endpoints[endpoint_index]
             wait_left_s = None if wait_until_s is None else max(0.0, wait_until_s - now_s)
-            try_timeout_s = min(
-                remaining_s, (wait_left_s or 0.0) + max(_TRY_MIN_S, own_timeout_s * _TRY_SHARE)
-            )
+            try_share_s = max(_TRY_MIN_S, own_timeout_s * _TRY_SHARE)
+            if try_timeout_max_s is not None:
+                try_share_s = min(try_share_s, try_timeout_max_s)
+            try_timeout_s = min(remaining_s, (wait_left_s or 0.0) + try_share_s)
             tries += 1
+            sent: dict[str, bool] = {}
             try:
                 answer = await self._try(
-                    self.endpoints[endpoint_index],
+                    endpoint,
                     method,
                     path,
                     headers=headers,
@@ -546,59 +594,67 @@ class Transport:
                         body, wait_left_s if wait_in == "body" else None, as_text=False
                     ),
                     timeout_s=try_timeout_s,
+                    sent=sent,
                 )
+            except asyncio.CancelledError:
+                # Cut off (by a close, rule 7) after its request went out: a write may have been
+                # applied.
+                if sent:
+                    record.uncertain = record.uncertain or write
+                    record.met(
+                        endpoint, "sent, and no answer before the call was ended", _NO_ANSWER
+                    )
+                raise
             except aiohttp.ClientConnectorCertificateError as error:
                 # The node's certificate failed verification: the request was never sent.
-                last_problem = f"{self.endpoints[endpoint_index]}: {error}"
-                last_without_quorum = False
+                record.met(endpoint, str(error), _NOT_SENT)
                 untrusted.add(endpoint_index)
                 if not reached and len(untrusted) == len(self.endpoints):
                     raise ClusterUnavailable(
                         f"{method} {path}: no endpoint's certificate could be verified, so "
                         f"nothing was sent (give the CA that signed the nodes' certificates: "
-                        f"ca_file, --ca-file; last: {last_problem})"
+                        f"ca_file, --ca-file; last: {record.summary()})"
                     ) from None
             except aiohttp.ClientConnectorError as error:
                 # Refused or unreachable: the request was never sent.
-                last_problem = f"{self.endpoints[endpoint_index]}: {error}"
-                last_without_quorum = False
+                record.met(endpoint, _connect_failure(error), _NOT_SENT)
             except _NotSent as not_sent:
-                last_problem = f"{self.endpoints[endpoint_index]}: " + (
+                record.met(
+                    endpoint,
                     "the request could not be sent in time"
                     if isinstance(not_sent.error, TimeoutError)
-                    else f"not sent: {_lost_answer(not_sent.error)}"
+                    else f"not sent: {_lost_answer(not_sent.error)}",
+                    _NOT_SENT,
                 )
-                last_without_quorum = False
             except (aiohttp.ClientError, TimeoutError) as error:
                 # Sent, but the answer was lost: a write may have been applied.
                 reached = True
-                uncertain = uncertain or write
+                record.uncertain = record.uncertain or write
                 # A last try cut short by the call's deadline says less than the tries before
                 # it did: what they met is what the error reports.
                 if not (isinstance(error, TimeoutError) and try_timeout_s >= remaining_s > 0):
-                    last_problem = (
-                        f"{self.endpoints[endpoint_index]}: {_lost_answer(error)}"
-                        f"{self._disconnection_hint(self.endpoints[endpoint_index], error)}"
+                    record.met(
+                        endpoint,
+                        f"{_lost_answer(error)}{self._disconnection_hint(endpoint, error)}",
+                        _NO_ANSWER,
                     )
-                    last_without_quorum = False
-                elif tries == 1:
-                    last_problem = f"{self.endpoints[endpoint_index]}: no answer in time"
-                    last_without_quorum = False
+                elif endpoint not in record.problems:
+                    record.met(endpoint, "no answer in time", _NO_ANSWER)
             else:
                 reached = True
-                endpoint = self.endpoints[endpoint_index]
                 if answer.status < 400 and isinstance(answer.document, dict):
                     return answer.document
                 if answer.status < 400:
                     # Every route of the API answers a JSON object: whatever answered is not an
                     # xr node, or a broken one. As for a lost answer, a write may have been
                     # applied (by an xr node behind something that mangled its answer).
-                    uncertain = uncertain or write
-                    last_problem = (
-                        f"{endpoint}: HTTP {answer.status} with an answer that is not a JSON "
-                        "object (not an xr node?)"
+                    record.uncertain = record.uncertain or write
+                    record.met(
+                        endpoint,
+                        f"HTTP {answer.status} with an answer that is not a JSON object "
+                        "(not an xr node?)",
+                        _FOREIGN_ANSWER,
                     )
-                    last_without_quorum = False
                 else:
                     failure = _server_error(
                         answer.status, answer.document, f"{method} {path}", endpoint
@@ -608,22 +664,27 @@ class Transport:
                         if retry_after_s is not None and loop.time() + retry_after_s < deadline_s:
                             await asyncio.sleep(retry_after_s)
                             continue
-                        if uncertain:
-                            raise _give_up(
-                                method,
-                                path,
-                                deadline_s - started_s,
-                                uncertain,
-                                repr(failure),
-                                write=write,
-                            )
+                        if record.uncertain:
+                            record.met(endpoint, repr(failure), _NODE_ANSWER)
+                            raise _give_up(method, path, deadline_s - started_s, record)
                         raise failure
                     if answer.status < 500:
                         raise failure
-                    uncertain = uncertain or (write and not failure.definite)
-                    last_problem = f"{endpoint}: {failure.code}: {failure.message}"
-                    last_without_quorum = _without_quorum(failure)
-            log.debug("%s %s: try %d failed (%s)", method, path, tries, last_problem)
+                    record.uncertain = record.uncertain or (write and not failure.definite)
+                    record.met(
+                        endpoint,
+                        f"{failure.code}: {failure.message}",
+                        _NODE_ANSWER,
+                        without_quorum=_without_quorum(failure),
+                    )
+            log.debug(
+                "%s %s: try %d failed (%s: %s)",
+                method,
+                path,
+                tries,
+                endpoint,
+                record.problems[endpoint].what,
+            )
             self._rotate_from(endpoint_index)
             await self._back_off(tries, deadline_s - loop.time())
 
@@ -661,13 +722,15 @@ class Transport:
         query: Mapping[str, str] | None,
         body: Mapping[str, Any] | None,
         timeout_s: float,
+        sent: dict[str, bool] | None = None,
     ) -> _Answer:
+        """One request. `sent` (given empty) is marked once the request has gone out."""
         url = yarl.URL(endpoint + path, encoded=True)
         data = None if body is None else _json_encoder.encode(body)
         sent_headers = dict(headers)
         if data is not None:
             sent_headers["Content-Type"] = "application/json"
-        sent: dict[str, bool] = {}
+        sent = {} if sent is None else sent
         try:
             async with self._http().request(
                 method,
@@ -699,15 +762,18 @@ class Transport:
         Raises `ClusterUnavailable` when the endpoint does not answer."""
         endpoint = self.current_endpoint
         try:
-            answer = await self._try(
-                endpoint,
-                "GET",
-                path,
-                headers=self._headers(secrets.token_hex(8)),
-                query=None,
-                body=None,
-                timeout_s=self.timeout_s,
-            )
+            with self._running(
+                lambda: ClusterUnavailable(f"{endpoint}: the client was closed before it answered")
+            ):
+                answer = await self._try(
+                    endpoint,
+                    "GET",
+                    path,
+                    headers=self._headers(secrets.token_hex(8)),
+                    query=None,
+                    body=None,
+                    timeout_s=self.timeout_s,
+                )
         except (aiohttp.ClientError, TimeoutError, _NotSent) as caught:
             error = caught.error if isinstance(caught, _NotSent) else caught
             raise ClusterUnavailable(
@@ -818,6 +884,72 @@ def _check_finite(value: Any, where: str) -> None:
             _check_finite(item, f"{where}[{position}]")
 
 
+# How much a try's problem tells of the cluster (`_Record.summary`, most first): a node's own
+# error answer, then an answer that is not the API's, then no answer to a request that was sent,
+# then a request that could not be sent (refused, unreachable, an untrusted certificate).
+_NODE_ANSWER = 3
+_FOREIGN_ANSWER = 2
+_NO_ANSWER = 1
+_NOT_SENT = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Problem:
+    what: str
+    # How much it tells of the cluster: _NODE_ANSWER, _FOREIGN_ANSWER, _NO_ANSWER or _NOT_SENT.
+    telling: int
+    # A node's answer that its cluster has no leader, or that the log entry was not committed in
+    # time: what a cluster without a quorum answers.
+    without_quorum: bool
+
+
+class _Record:
+    """What the tries of one call met: whether a write may have been applied, and each
+    endpoint's last problem, which the call's error reports."""
+
+    def __init__(self, *, write: bool) -> None:
+        self.write = write
+        # Some try may have reached the state machine (module docstring, rule 6).
+        self.uncertain = False
+        # Each endpoint's last problem, in the order the endpoints last met one.
+        self.problems: dict[str, _Problem] = {}
+
+    def met(self, endpoint: str, what: str, telling: int, *, without_quorum: bool = False) -> None:
+        self.problems.pop(endpoint, None)
+        self.problems[endpoint] = _Problem(
+            what=what, telling=telling, without_quorum=without_quorum
+        )
+
+    @property
+    def without_quorum(self) -> bool:
+        return any(problem.without_quorum for problem in self.problems.values())
+
+    def summary(self) -> str:
+        """Each endpoint's last problem, the most telling first (the latest among equals): a
+        node that answered it has no quorum is not hidden behind one that refused the
+        connection after it."""
+        if not self.problems:
+            return "no try was made"
+        # A stable sort: among equals, the latest stays first.
+        ranked = sorted(
+            reversed(self.problems.items()), key=lambda item: item[1].telling, reverse=True
+        )
+        return "; ".join(f"{endpoint}: {problem.what}" for endpoint, problem in ranked)
+
+
+def _connect_failure(error: aiohttp.ClientConnectorError) -> str:
+    """A failed connection, briefly: aiohttp's text repeats the host and port that the endpoint
+    already names, and asyncio's ("Connect call failed ('10.0.0.1', 8700)") hides the reason
+    behind the error number."""
+    cause = error.os_error
+    if isinstance(cause, ssl.SSLError):
+        return str(error)
+    if cause.errno is not None and cause.errno > 0:
+        return f"cannot connect ({os.strerror(cause.errno)})"
+    # A failed name lookup (a negative number of its own) says what failed in its text.
+    return f"cannot connect ({cause.strerror or cause})"
+
+
 class _NotSent(Exception):
     """A try that ended before its request was sent (headers written): no node took it."""
 
@@ -857,28 +989,37 @@ def _without_quorum(failure: XrError) -> bool:
     return isinstance(failure, ClusterUnavailable) and "no leader" in failure.message
 
 
-def _give_up(
-    method: str,
-    path: str,
-    deadline_s: float,
-    uncertain: bool,
-    last_problem: str,
-    *,
-    write: bool,
-    without_quorum: bool = False,
-) -> XrError:
+def _give_up(method: str, path: str, deadline_s: float, record: _Record) -> XrError:
     """The error for a call that ran out of time; `deadline_s`: the time it had (its timeout,
     plus a long poll's wait). A read applies nothing whatever happened, so only a write says
     that nothing was applied."""
     shown_s = f"{round(deadline_s, 2):g}"
-    hint = "; the cluster may have no quorum (see `xr cluster status`)" if without_quorum else ""
-    if uncertain:
+    hint = (
+        "; the cluster may have no quorum (see `xr cluster status`)"
+        if record.without_quorum
+        else ""
+    )
+    if record.uncertain:
         return Timeout(
             f"{method} {path}: no answer within {shown_s} s; it may or may not have been "
-            f"applied (last: {last_problem}){hint}"
+            f"applied (last: {record.summary()}){hint}"
         )
-    applied = "; nothing was applied" if write else ""
+    applied = "; nothing was applied" if record.write else ""
     return ClusterUnavailable(
         f"{method} {path}: no node could serve it within {shown_s} s{applied} "
-        f"(last: {last_problem}){hint}"
+        f"(last: {record.summary()}){hint}"
+    )
+
+
+def _closed_error(method: str, path: str, record: _Record) -> XrError:
+    """The error for a call the client's close ended (rule 7)."""
+    last = f" (last: {record.summary()})" if record.problems else ""
+    if record.uncertain:
+        return UnknownOutcome(
+            f"{method} {path}: the client was closed while this call ran; it may or may not "
+            f"have been applied{last}"
+        )
+    applied = "; nothing was applied" if record.write else ""
+    return ClusterUnavailable(
+        f"{method} {path}: the client was closed while this call ran{applied}{last}"
     )
