@@ -69,7 +69,7 @@ docs: $(STAMP)
 	$(BIN)/python docs/gen_client_reference.py
 	$(BIN)/python docs/gen_metrics.py
 
-# Every benchmark in bench/ within 20 minutes; writes bench/results/summary.md.
+# Every benchmark in bench/, small, within a 20-minute budget; writes bench/results/summary.md.
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 

@@ -6,6 +6,9 @@ cannot write there would lose the whole run's figures, so each script checks it 
 What the check cannot foresee (a full disk, a device such as /dev/full) fails the write at the
 end: `write_output` then says so in one line, after the figures are printed, and the script
 exits 1.
+
+The argument types here (`positive_integers`, `integer_between`) answer a bad value with one line
+that says what was expected, where a bare `int` or a lambda would name its own function.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import errno
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 if __name__ == "__main__":
@@ -26,7 +30,37 @@ if __name__ == "__main__":
     )
     raise SystemExit(2)
 
-__all__ = ["check_output_path", "write_output"]
+__all__ = ["check_output_path", "integer_between", "positive_integers", "write_output"]
+
+
+def positive_integers(text: str) -> tuple[int, ...]:
+    """An argument type: whole numbers of at least 1, comma-separated ("1,16,64")."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or any(value < 1 for value in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected whole numbers of at least 1, comma-separated (such as 1,16,64)"
+        )
+    return values
+
+
+def integer_between(low: int, high: int) -> Callable[[str], int]:
+    """An argument type: one whole number from `low` to `high`, both included."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected a whole number from {low:,} to {high:,}"
+            )
+        return value
+
+    return parse
 
 
 def check_output_path(

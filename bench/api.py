@@ -17,9 +17,11 @@ xr writes carry `Xr-Client-Id` (one per worker, kept for the whole run) and `Xr-
 client's do. Each worker sends each request to the next member in turn (round robin per request),
 for both systems alike.
 
-Interleaving: for each (operation, concurrency) cell, xr, then etcd (then etcd without fsync),
-then xr again, ... for `--rounds`; the figures are medians over rounds. Failed operations are
-counted per cell by error code and printed; they are never counted as operations.
+Interleaving: for each (operation, concurrency) cell, `--rounds` rounds, each measuring every
+system once: xr, then etcd (then etcd without fsync) in odd rounds, the reverse order in even
+rounds, so that neither system always runs first (right after the previous cell's load); the
+figures are medians over rounds. Failed operations are counted per cell by error code and
+printed; they are never counted as operations.
 
 Run: `python bench/api.py [--duration 5] [--warmup 1] [--rounds 3] [--concurrency 1,16,64]
 [--ops put,put_get,lock_distinct,lock_contended] [--no-fsync-too] [--json PATH]`. The load
@@ -57,10 +59,9 @@ import time  # noqa: E402
 import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 from collections import Counter  # noqa: E402
-from collections.abc import Callable, Iterator, Sequence  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from types import FrameType  # noqa: E402
-from typing import Any, Protocol  # noqa: E402
+from typing import Any, Protocol, TypeVar  # noqa: E402
 
 import aiohttp  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -74,6 +75,7 @@ from bench._load import (  # noqa: E402
     run_cell,
     with_descendants,
 )
+from bench._signals import run_main, shielded  # noqa: E402
 from node.localcluster import LocalCluster  # noqa: E402
 
 OPERATIONS = ("put", "put_get", "lock_distinct", "lock_contended")
@@ -92,6 +94,8 @@ CELL_S_MAX = 3_000.0
 XR_READY_TIMEOUT_S = 60.0
 ETCD_START_TIMEOUT_S = 300.0
 ETCD_STOP_TIMEOUT_S = 60.0
+# Lines of each member's log shown when a cluster does not start.
+LOG_TAIL_LINES = 20
 # Disk syncs, read from each member's /metrics at a cell's window start and end: xr's journal
 # syncs (`fsync` mode), etcd's WAL fsyncs (a histogram's count).
 METRICS_TIMEOUT_S = 10.0
@@ -104,7 +108,6 @@ ETCD_SCRIPT = Path(
 ETCD_PORT_OFFSETS = (0, 1, 2, 10, 11, 12)
 ETCD_BASE_PORT_FIRST = 24_000
 ETCD_BASE_PORT_CANDIDATES = 400
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 SPREAD = (
     "each worker sends each request to the next of the 3 members in turn (round robin per "
     "request, worker w starting at member w mod 3), for every system alike; one aiohttp "
@@ -337,6 +340,19 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+class StartFailed(RuntimeError):
+    """A system did not start; the message holds what its logs said."""
+
+
+def etcd_script_problem() -> str | None:
+    """Why `ETCD_SCRIPT` cannot be run (checked before anything starts), or None."""
+    if not ETCD_SCRIPT.is_file():
+        return f"the etcd cluster script {ETCD_SCRIPT} does not exist"
+    if not os.access(ETCD_SCRIPT, os.X_OK):
+        return f"the etcd cluster script {ETCD_SCRIPT} is not executable"
+    return None
+
+
 class EtcdSystem:
     """A 3-member etcd cluster started and stopped by `anchors/etcd-cluster`."""
 
@@ -367,10 +383,24 @@ class EtcdSystem:
 
     def start(self) -> None:
         options = ["--base-port", str(self.base_port)] + ([] if self.fsync else ["--no-fsync"])
-        output = self._script("start", *options, timeout_s=ETCD_START_TIMEOUT_S)
+        try:
+            output = self._script("start", *options, timeout_s=ETCD_START_TIMEOUT_S)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
+            # The members' logs are in the benchmark's temporary directory, which goes when the
+            # benchmark ends: their last lines go with the error.
+            raise StartFailed(f"{self.name} did not start: {error}\n{self.log_tails()}") from None
         self.urls = [line.strip() for line in output.splitlines() if line.startswith("http")]
         if len(self.urls) != MEMBERS:
             raise RuntimeError(f"{self.name}: expected {MEMBERS} client URLs, got {output!r}")
+
+    def log_tails(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last `lines` lines of each member's log, each under its name."""
+        parts = []
+        for log in sorted(self.directory.glob("m*.log")):
+            with contextlib.suppress(OSError):
+                tail = log.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"--- last lines of {log.name} ---\n" + "\n".join(tail))
+        return "\n".join(parts) or "(no member logs)"
 
     def _member_pids(self) -> list[int]:
         """The members' process ids, from the files the script keeps, for processes still
@@ -535,34 +565,16 @@ def _etcd_base_ports(count: int) -> list[int]:
     raise RuntimeError("no free ports for etcd")
 
 
-@contextlib.contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """SIGTERM raises SystemExit, so cleanup runs as it does for Ctrl-C."""
-
-    def handler(signal_number: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signal_number)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _stop_all(stoppers: Sequence[Callable[[], None]]) -> None:
     """Stops every cluster, the last started first. SIGINT and SIGTERM are ignored meanwhile, so
     a second Ctrl-C cannot leave members behind, and a failure to stop one does not skip the
     others."""
-    previous = {number: signal.signal(number, signal.SIG_IGN) for number in _STOP_SIGNALS}
-    try:
+    with shielded():
         for stop in reversed(stoppers):
             try:
                 stop()
             except Exception as error:
                 print(f"could not stop a cluster cleanly: {error}", file=sys.stderr)
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def _event_loop_runner() -> asyncio.Runner:
@@ -574,6 +586,8 @@ def _event_loop_runner() -> asyncio.Runner:
 
 
 # Measuring.
+
+_Item = TypeVar("_Item")
 
 
 def _milliseconds(value: float | None) -> str:
@@ -587,11 +601,17 @@ def _failures_text(failures: dict[str, int]) -> str:
     return f"{sum(failures.values())} ({detail})"
 
 
+def round_order(systems: Sequence[_Item], round_number: int) -> list[_Item]:
+    """The order in which round `round_number` (from 0) measures `systems`: as given, then
+    reversed, alternately."""
+    return list(systems) if round_number % 2 == 0 else list(reversed(systems))
+
+
 async def _measure(
     systems: Sequence[System], arguments: argparse.Namespace, *, count_syncs: bool = False
 ) -> dict[tuple[str, int], dict[str, list[CellResult]]]:
-    """Every cell, each system in turn within a round; with `count_syncs`, each system's
-    disk syncs in the window too."""
+    """Every cell, each system in turn within a round, in an order reversed every other round;
+    with `count_syncs`, each system's disk syncs in the window too."""
     cells = [
         (operation, concurrency)
         for operation in arguments.ops
@@ -607,7 +627,7 @@ async def _measure(
         per_system: dict[str, list[CellResult]] = {system.name: [] for system in systems}
         results[operation, concurrency] = per_system
         for round_number in range(arguments.rounds):
-            for system in systems:
+            for system in round_order(systems, round_number):
                 tag = f"{operation}-c{concurrency}-r{round_number}"
                 result = await run_cell(
                     system.operation(operation, tag=tag, lease_ttl_s=lease_ttl_s),
@@ -930,13 +950,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(concurrency < 1 for concurrency in arguments.concurrency):
         parser.error("every --concurrency must be at least 1")
     check_output_path(parser, "--json", arguments.json)
+    return run_main(lambda: _main(arguments))
+
+
+def _main(arguments: argparse.Namespace) -> int:
+    problem = etcd_script_problem()
+    if problem is not None:
+        print(f"api: {problem} (XR_ETCD_CLUSTER names another)", file=sys.stderr)
+        return 2
     started_s = time.monotonic()
     try:
-        with _sigterm_as_exit():
-            document = run(arguments)
-    except KeyboardInterrupt:
-        print("interrupted; every process this benchmark started is stopped", file=sys.stderr)
-        return 130
+        document = run(arguments)
+    except StartFailed as error:
+        print(f"api: {error}", file=sys.stderr)
+        return 1
     document["settings"]["wall_s"] = round(time.monotonic() - started_s, 1)
     written = True
     if arguments.json is not None:

@@ -17,7 +17,7 @@ counted in `fsync` mode only, and etcd's WAL fsyncs,
 least 1.0x etcd's put throughput.
 
 Run: `python bench/durability.py [--duration 3] [--warmup 1] [--rounds 3]
-[--concurrency 1,16,64] [--json PATH]` (about 3.5 minutes with the defaults). The last line is one
+[--concurrency 1,16,64] [--json PATH]` (about 3 minutes with the defaults). The last line is one
 JSON object.
 """
 
@@ -40,8 +40,9 @@ from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
 from bench import api  # noqa: E402
-from bench._arguments import check_output_path, write_output  # noqa: E402
+from bench._arguments import check_output_path, positive_integers, write_output  # noqa: E402
 from bench._load import CellResult  # noqa: E402
+from bench._signals import run_main  # noqa: E402
 from node.localcluster import LocalCluster  # noqa: E402
 
 __all__ = ["main", "run"]
@@ -194,19 +195,18 @@ def _report(
     return {"benchmark": "durability", "rounds": arguments.rounds, "cells": cells}
 
 
-def _concurrencies(text: str) -> list[int]:
-    values = [int(item) for item in text.split(",") if item.strip()]
-    if not values or any(value < 1 for value in values):
-        raise argparse.ArgumentTypeError("give positive concurrencies, comma-separated")
-    return values
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per cell (3)")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each cell (1)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
-    parser.add_argument("--concurrency", type=_concurrencies, default=[1, 16, 64])
+    parser.add_argument(
+        "--concurrency",
+        type=positive_integers,
+        default=(1, 16, 64),
+        metavar="C,C,...",
+        help="workers per cell, comma-separated (1,16,64)",
+    )
     parser.add_argument("--json", type=Path, help="write every figure to this file as JSON")
     arguments = parser.parse_args(argv)
     # Written so that NaN, which compares false with anything, is refused too.
@@ -217,11 +217,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.rounds < 1:
         parser.error("--rounds must be at least 1")
     check_output_path(parser, "--json", arguments.json)
-    with api._sigterm_as_exit():
+    return run_main(lambda: _main(arguments))
+
+
+def _main(arguments: argparse.Namespace) -> int:
+    problem = api.etcd_script_problem()
+    if problem is not None:
+        print(f"durability: {problem} (XR_ETCD_CLUSTER names another)", file=sys.stderr)
+        return 2
+    try:
         document = run(arguments)
-    written = arguments.json is None or write_output(
-        arguments.json, json.dumps(document, indent=2), program="durability"
-    )
+    except api.StartFailed as error:
+        print(f"durability: {error}", file=sys.stderr)
+        return 1
+    written = True
+    if arguments.json is not None:
+        written = write_output(
+            arguments.json, json.dumps(document, indent=2) + "\n", program="durability"
+        )
+        if written:
+            print(f"wrote {arguments.json}")
     print(json.dumps(document))
     return 0 if written else 1
 

@@ -9,7 +9,8 @@ running again within the lease TTL + 2 s at the median. Run as
 
     python bench/failover.py [--trials 5] [--lease-ttl-s 5]
 
-The last line printed is one JSON object, like the other benchmarks.
+The last line printed is one JSON object, like the other benchmarks. Ctrl-C or SIGTERM stops
+the cluster; its temporary directory is removed however the run ends.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._signals import kill_cluster, run_main, shielded
 from node.localcluster import LocalCluster
 from xrcore.client import Client
 
@@ -94,7 +96,11 @@ def _trial(cluster: LocalCluster, client: Client, number: int, steps: int) -> di
 
 
 def run(arguments: argparse.Namespace) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="xr-bench-failover-"))
+    with tempfile.TemporaryDirectory(prefix="xr-bench-failover-") as directory:
+        return _run(arguments, Path(directory))
+
+
+def _run(arguments: argparse.Namespace, root: Path) -> dict[str, Any]:
     settings = {
         "executor.lease_ttl_s": str(arguments.lease_ttl_s),
         "executor.poll_interval_s": "0.2",
@@ -110,7 +116,8 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             for number in range(1, arguments.trials + 1):
                 results.append(_trial(cluster, client, number, arguments.steps))
     finally:
-        cluster.kill()
+        with shielded():
+            kill_cluster(cluster)
     again = [result["running_again_s"] for result in results]
     done = [result["completed_s"] for result in results]
     target_s = arguments.lease_ttl_s + 2.0
@@ -143,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     if arguments.trials < 1 or not 1 <= arguments.lease_ttl_s < math.inf or arguments.steps < 1:
         parser.error("--trials, --steps and --lease-ttl-s (finite) must be at least 1")
+    return run_main(lambda: _main(arguments))
+
+
+def _main(arguments: argparse.Namespace) -> int:
     print(json.dumps(run(arguments)))
     return 0
 

@@ -12,7 +12,8 @@ submitting a job to its first progress report, median of `--dispatch-trials`.
 
     python bench/gpu_check.py [--seconds 10] [--dispatch-trials 5]
 
-The last line printed is one JSON object, like the other benchmarks.
+The last line printed is one JSON object, like the other benchmarks. Ctrl-C or SIGTERM stops
+the cluster; its temporary directory is removed however the run ends.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ sys.path[:] = [str(_BENCH_DIRECTORY.parent)] + [
     entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH_DIRECTORY
 ]
 
+from bench._signals import kill_cluster, run_main, shielded  # noqa: E402
 from node.executor.checkpoints import FileCheckpointStore  # noqa: E402
 from node.executor.context import JobContext  # noqa: E402
 from node.executor.inventory import detect  # noqa: E402
@@ -120,7 +122,11 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         "device: "
         + ("GPU, CuPy path" if gpu else "no GPU here: the NumPy path runs instead (CPU mode)")
     )
-    root = Path(tempfile.mkdtemp(prefix="xr-gpu-check-"))
+    with tempfile.TemporaryDirectory(prefix="xr-gpu-check-") as directory:
+        return _run(arguments, Path(directory), gpu=gpu, device=device)
+
+
+def _run(arguments: argparse.Namespace, root: Path, *, gpu: bool, device: str) -> dict[str, Any]:
     sizes = {"gemm": arguments.gemm_n, "fft": arguments.fft_n}
     report: dict[str, Any] = {"bench": "gpu_check", "device": device, "workloads": {}}
     cluster = LocalCluster(
@@ -166,7 +172,8 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
                 for _ in range(arguments.dispatch_trials)
             ]
     finally:
-        cluster.kill()
+        with shielded():
+            kill_cluster(cluster)
     report["dispatch_median_s"] = round(statistics.median(dispatch), 3)
     report["dispatch_max_s"] = round(max(dispatch), 3)
     print(
@@ -187,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--seconds must be positive and finite and --dispatch-trials at least 1")
     if arguments.gemm_n < 1 or arguments.fft_n < 1:
         parser.error("--gemm-n and --fft-n must be at least 1")
+    return run_main(lambda: _main(arguments))
+
+
+def _main(arguments: argparse.Namespace) -> int:
     print(json.dumps(run(arguments)))
     return 0
 

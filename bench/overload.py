@@ -2,16 +2,21 @@
 
 1. Capacity: closed-loop PUTs over the HTTP API (`CAPACITY_CONCURRENCY` workers, round robin
    over the members) for `--capacity` seconds.
-2. Overload: open-loop PUTs at `--factor` times that rate for `--duration` seconds. Requests start
-   on a fixed schedule whatever the answers, each from a client that has no request outstanding
-   (a pool of client ids, each sending one request at a time with `Xr-Client-Id` / `Xr-Seq`), with
-   no retries. Meanwhile `/healthz` of every member is probed every `HEALTH_PERIOD_S` from a
+2. Overload: open-loop PUTs at `--factor` times that rate (the target) for `--duration` seconds.
+   Requests start on a fixed schedule whatever the answers, each from a client that has no
+   request outstanding (a pool of client ids, each sending one request at a time with
+   `Xr-Client-Id` / `Xr-Seq`), with no retries. A request ends within `REQUEST_TIMEOUT_S`, so
+   the pool may grow to the target rate times that (`clients_max`), within the open files this
+   process may have; when every client is busy a scheduled request is skipped, and the report
+   then says by how much the rate actually offered (the requests sent) fell short of the
+   target. Meanwhile `/healthz` of every member is probed every `HEALTH_PERIOD_S` from a
    process of its own (`--probe`), so a probe's time is the node's and the machine's, not the
    time it waited in the load generator's busy event loop.
 3. Check: every acknowledged write is read back (each client writes its own key, so the key must
    hold the client's last acknowledged value); a lost one is a bug.
 
-Reported: capacity, offered rate, admitted (2xx), refused (429, and how many lacked Retry-After),
+Reported: capacity, the target rate, the requests sent and skipped and the rate they offered,
+admitted (2xx), refused (429, and how many lacked Retry-After),
 other answers, unanswered (timeouts, connection errors), p50/p99/max latency of admitted requests
 as the generator saw it, the same PUTs as the nodes timed them (their handling time, from the
 `xr_http_request_duration_seconds` histogram scraped before and after; it leaves out the time a
@@ -23,40 +28,57 @@ its own queueing, and the nodes' figures leave out the kernel's and the parser's
 between them.
 
     python -m bench.overload [--members 3] [--duration 60] [--factor 2]
+
+Ctrl-C or SIGTERM stops the cluster and removes its directory.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import functools
-import json
-import math
-import os
-import subprocess
 import sys
-import tempfile
-import threading
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+# Run as a script (`bench/run_all.py` runs it so), this file's folder comes first on the path, and
+# `bench/raftstore.py` there would shadow the `raftstore` package; the repository root takes its
+# place.
+_BENCH_DIRECTORY = Path(__file__).resolve().parent
+sys.path[:] = [str(_BENCH_DIRECTORY.parent)] + [
+    entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH_DIRECTORY
+]
 
-from node.localcluster import LocalCluster
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import contextlib  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
 
-__all__ = ["Settings", "main", "run"]
+import aiohttp  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from bench._signals import kill_cluster, run_main, shielded  # noqa: E402
+from node.localcluster import LocalCluster  # noqa: E402
+
+__all__ = ["Settings", "clients_max", "main", "run"]
 
 CAPACITY_CONCURRENCY = 64
 HEALTH_PERIOD_S = 0.1
 # A request unanswered after this long counts as unanswered (its outcome is unknown).
 REQUEST_TIMEOUT_S = 10.0
-# Client ids in use at once at most: beyond it a scheduled request is skipped (and reported).
-CLIENTS_MAX = 5_000
+# The pool of client ids (each with at most one request, so one connection, outstanding): at
+# least this many, and as many as the target rate times REQUEST_TIMEOUT_S, within the open files
+# this process may have less FILE_DESCRIPTORS_RESERVED (the cluster's pipes, the prober, Python).
+CLIENTS_MIN = 1_000
+FILE_DESCRIPTORS_RESERVED = 256
 READY_TIMEOUT_S = 60.0
 
 
@@ -88,6 +110,28 @@ class _Counts:
         self.unanswered = 0
         self.skipped = 0
         self.latencies_s: list[float] = []
+
+
+def clients_max(rate_per_s: float) -> tuple[int, str | None]:
+    """The pool's bound for `rate_per_s`, and why it is less than the rate needs (None: it is
+    not). Raises this process's open-file limit to its hard limit where that helps."""
+    needed = max(CLIENTS_MIN, math.ceil(rate_per_s * REQUEST_TIMEOUT_S))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = needed + FILE_DESCRIPTORS_RESERVED
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (OSError, ValueError):
+            pass
+    if soft == resource.RLIM_INFINITY or needed <= soft - FILE_DESCRIPTORS_RESERVED:
+        return needed, None
+    available = max(1, soft - FILE_DESCRIPTORS_RESERVED)
+    return available, (
+        f"the open-file limit ({soft}) leaves {available} clients; the target rate needs up to "
+        f"{needed}"
+    )
 
 
 async def _capacity(
@@ -158,11 +202,15 @@ def _probe(urls: list[str]) -> dict[str, Any]:
 
 
 def _start_prober(urls: list[str]) -> subprocess.Popen[bytes]:
+    # Its own session: a Ctrl-C in the terminal, or run_all's SIGTERM to this benchmark's group,
+    # reaches this process, which then ends the prober; the prober also ends by itself when its
+    # standard input closes, which it does when this process dies however it dies.
     return subprocess.Popen(
         [sys.executable, "-m", "bench.overload", "--probe", ",".join(urls)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=Path(__file__).resolve().parent.parent,
+        start_new_session=True,
     )
 
 
@@ -172,6 +220,13 @@ def _stop_prober(prober: subprocess.Popen[bytes]) -> dict[str, Any]:
         raise RuntimeError(f"the health prober exited with {prober.returncode}")
     report: dict[str, Any] = json.loads(output.decode().strip().splitlines()[-1])
     return report
+
+
+def _abandon_prober(prober: subprocess.Popen[bytes]) -> None:
+    """Ends the prober without its report (the run is failing or being stopped)."""
+    prober.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
+        prober.communicate(timeout=REQUEST_TIMEOUT_S)
 
 
 # The nodes' own timing of the PUTs: xr_http_request_duration_seconds for this route.
@@ -251,7 +306,13 @@ async def _send(session: aiohttp.ClientSession, url: str, client: _Client, count
 
 
 async def _open_loop(
-    session: aiohttp.ClientSession, urls: list[str], rate: float, seconds: float, run_id: str
+    session: aiohttp.ClientSession,
+    urls: list[str],
+    rate: float,
+    seconds: float,
+    run_id: str,
+    *,
+    pool_max: int,
 ) -> tuple[_Counts, list[_Client]]:
     counts = _Counts()
     clients: list[_Client] = []
@@ -271,7 +332,7 @@ async def _open_loop(
             await asyncio.sleep(delay_s)
         if idle:
             client = idle.pop()
-        elif len(clients) < CLIENTS_MAX:
+        elif len(clients) < pool_max:
             client = _Client(client_id=f"overload-{run_id}-{len(clients)}")
             clients.append(client)
         else:
@@ -309,13 +370,21 @@ async def _measure(urls: list[str], settings: Settings) -> dict[str, Any]:
         capacity, capacity_failures = await _capacity(session, urls, settings.capacity_s)
         rate = max(capacity * settings.offered_factor, 1.0)
         before = await _put_buckets(session, urls)
+        pool_max, pool_bound = clients_max(rate)
         prober = _start_prober(urls)
         try:
             counts, clients = await _open_loop(
-                session, urls, rate, settings.duration_s, run_id=str(os.getpid())
+                session,
+                urls,
+                rate,
+                settings.duration_s,
+                run_id=str(os.getpid()),
+                pool_max=pool_max,
             )
-        finally:
-            health_report = _stop_prober(prober)
+        except BaseException:
+            _abandon_prober(prober)
+            raise
+        health_report = _stop_prober(prober)
         after = await _put_buckets(session, urls)
         lost = await _lost(session, urls[0], clients)
     ordered = sorted(counts.latencies_s)
@@ -326,7 +395,10 @@ async def _measure(urls: list[str], settings: Settings) -> dict[str, Any]:
         "requests_in_flight_max": settings.requests_in_flight_max,
         "capacity_per_s": round(capacity, 1),
         "capacity_failures": capacity_failures,
-        "offered_per_s": round(rate, 1),
+        "target_per_s": round(rate, 1),
+        "scheduled": int(rate * settings.duration_s),
+        # What was actually offered: the requests sent, over the window.
+        "offered_per_s": round(counts.sent / settings.duration_s, 1),
         "sent": counts.sent,
         "admitted": counts.admitted,
         "admitted_per_s": round(counts.admitted / settings.duration_s, 1),
@@ -336,6 +408,8 @@ async def _measure(urls: list[str], settings: Settings) -> dict[str, Any]:
         "other_by_status": counts.other,
         "unanswered": counts.unanswered,
         "skipped": counts.skipped,
+        "clients_max": pool_max,
+        "clients_max_limited_by": pool_bound,
         "latency_p50_ms": _percentile_ms(ordered, 0.50),
         "latency_p99_ms": _percentile_ms(ordered, 0.99),
         "latency_max_ms": _percentile_ms(ordered, 1.0),
@@ -358,7 +432,8 @@ def run(settings: Settings) -> dict[str, Any]:
         cluster.start(timeout_s=READY_TIMEOUT_S)
         return asyncio.run(_measure(cluster.urls, settings))
     finally:
-        cluster.kill()
+        with shielded():
+            kill_cluster(cluster)
 
 
 def _node_timing(timing: dict[str, Any]) -> str:
@@ -368,12 +443,40 @@ def _node_timing(timing: dict[str, Any]) -> str:
     )
 
 
+def shortfall(report: dict[str, Any]) -> str | None:
+    """A sentence saying by how much the rate offered fell short of the target, or None when
+    every scheduled request was sent."""
+    if not report["skipped"]:
+        return None
+    target, offered, capacity = (
+        report["target_per_s"],
+        report["offered_per_s"],
+        report["capacity_per_s"],
+    )
+    short = 1 - offered / target if target else 0.0
+    against_capacity = (
+        f" ({offered / capacity:.2f}x capacity, not {target / capacity:.2f}x)" if capacity else ""
+    )
+    bound = report["clients_max_limited_by"] or (
+        f"that bound is the target rate times the {REQUEST_TIMEOUT_S:g} s request timeout, so "
+        "this process could not keep the schedule"
+    )
+    return (
+        f"NOTE: the rate offered fell short of the target by {short:.0%}: {offered} puts/s sent "
+        f"against {target} puts/s scheduled{against_capacity}; {report['skipped']:,} of "
+        f"{report['scheduled']:,} scheduled puts were skipped because all "
+        f"{report['clients_max']:,} clients had a request outstanding; {bound}"
+    )
+
+
 def _table(report: dict[str, Any]) -> str:
     rows = [
         ("members", report["members"]),
         ("capacity (closed loop)", f"{report['capacity_per_s']} puts/s"),
-        ("offered (open loop)", f"{report['offered_per_s']} puts/s for {report['duration_s']} s"),
-        ("sent", report["sent"]),
+        ("target (open loop)", f"{report['target_per_s']} puts/s for {report['duration_s']} s"),
+        ("offered (sent)", f"{report['offered_per_s']} puts/s: {report['sent']} sent"),
+        ("skipped (every client busy)", f"{report['skipped']} (clients at most "
+            f"{report['clients_max']})"),
         ("admitted", f"{report['admitted']} ({report['admitted_per_s']}/s)"),
         ("refused 429", report["refused"]),
         ("  without Retry-After", report["refused_without_retry_after"]),
@@ -389,7 +492,9 @@ def _table(report: dict[str, Any]) -> str:
         ("lost acknowledged writes", report["lost_acknowledged_writes"]),
     ]  # fmt: skip
     width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    note = shortfall(report)
+    return "\n".join(lines if note is None else [*lines, note])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.probe:
         print(json.dumps(_probe(arguments.probe.split(","))))
         return 0
+    return run_main(lambda: _main(arguments))
+
+
+def _main(arguments: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="xr-overload-") as directory:
         report = run(
             Settings(

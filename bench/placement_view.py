@@ -104,7 +104,7 @@ def alternate(machine: StateMachine, pairs: int) -> dict[str, list[float]]:
 
 
 def main(arguments: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="placement_view.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="placement_view.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=10, help="arrays that can run nowhere")
     parser.add_argument("--array", type=int, default=9_999, help="tasks per array")
     parser.add_argument("--pairs", type=int, default=5, help="alternating pairs of passes")

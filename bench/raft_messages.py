@@ -61,10 +61,11 @@ from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
 from bench import api  # noqa: E402
-from bench._arguments import check_output_path, write_output  # noqa: E402
+from bench._arguments import check_output_path, positive_integers, write_output  # noqa: E402
 from bench._load import CellResult, run_cell  # noqa: E402
 from bench._revision import ROOT  # noqa: E402
-from bench.durability import MODES, XrDurabilitySystem, _concurrencies  # noqa: E402
+from bench._signals import run_main  # noqa: E402
+from bench.durability import MODES, XrDurabilitySystem  # noqa: E402
 
 __all__ = ["main"]
 
@@ -425,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--against", default="HEAD", help="the git revision to compare (HEAD)")
     parser.add_argument("--durability", choices=MODES, default="fsync", help="raft.durability")
-    parser.add_argument("--concurrency", type=_concurrencies, default=[1, 16, 64])
+    parser.add_argument("--concurrency", type=positive_integers, default=(1, 16, 64))
     parser.add_argument("--duration", type=_positive(float), default=4.0, help="seconds (4)")
     parser.add_argument(
         "--warmup", type=float, default=1.0, help="seconds of puts before each counted cell (1)"
@@ -456,8 +457,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.sync_stand_in is not None and arguments.durability != "fsync":
         parser.error("--sync-stand-in needs --durability fsync (write mode has no sync)")
     check_output_path(parser, "--json", arguments.json)
-    with api._sigterm_as_exit():
-        document = run(arguments)
+    return run_main(lambda: _main(arguments))
+
+
+def _main(arguments: argparse.Namespace) -> int:
+    document = run(arguments)
     written = arguments.json is None or write_output(
         arguments.json, json.dumps(document, indent=2), program="raft_messages"
     )

@@ -20,8 +20,10 @@ Failover: kill -9 the raftstore leader, then write to both survivors (retrying t
 and seq) until one write commits; the time from the kill to that commit, over `--failover-trials`.
 The killed member restarts from its data directory before the next trial.
 
-Run: `python bench/raftstore.py [--quick]`. Everything stops by itself; processes and temporary
-directories are removed even on errors. The last line is one JSON object.
+Run: `python bench/raftstore.py [--quick]` (`--quick`: 1 round of 1.5 s and 3 failovers, where
+`--rounds`, `--duration-s` and `--failover-trials` do not say otherwise). Everything stops by
+itself; on errors, Ctrl-C and SIGTERM every member is resumed (if paused) and stopped, and the
+temporary directory removed. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ import time  # noqa: E402
 from collections.abc import AsyncIterator, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
+from bench._arguments import positive_integers  # noqa: E402
+from bench._signals import run_main, shielded  # noqa: E402
 from raftstore.member import MemberClient, MemberProcess, MemberUnreachable, free_ports  # noqa: E402
 from xrcore import Envelope, encode  # noqa: E402
 from xrcore.commands import KvPut  # noqa: E402
@@ -64,6 +68,12 @@ FAILOVER_RETRY_PAUSE_S = 0.005
 FAILOVER_TIMEOUT_S = 30.0
 # Longer than either system's largest election timeout (1.4 s): a resumed cluster re-elects.
 SETTLE_S = 2.0
+# Option -> (default, with --quick).
+DEFAULTS: dict[str, tuple[float, float]] = {
+    "rounds": (3, 1),
+    "duration_s": (2.5, 1.5),
+    "failover_trials": (5, 3),
+}
 RAW_MODULE = "bench._raw_pysyncobj"
 RAFTSTORE_MODULE = "raftstore.member"
 
@@ -135,9 +145,14 @@ class Cluster:
         return answer
 
     async def stop(self) -> None:
-        self.signal(signal.SIGCONT)
         for client in self.clients:
             await client.close()
+        self.halt()
+
+    def halt(self) -> None:
+        """Resumes every member (a paused one would not act on SIGTERM), then stops it: SIGTERM,
+        SIGKILL after 5 s. Needs no event loop, so it also runs after one has failed."""
+        self.signal(signal.SIGCONT)
         for process in self.processes:
             process.terminate(timeout_s=5.0)
 
@@ -181,9 +196,10 @@ async def _measure(
     rounds: int,
     duration_s: float,
     pause_other: bool,
+    warmup: bool = False,
 ) -> dict[str, dict[int, list[dict[str, Any]]]]:
     """Every point of one system, then every point of the other, in an order that alternates
-    between rounds."""
+    between rounds; with `warmup`, the lines printed say so."""
     results: dict[str, dict[int, list[dict[str, Any]]]] = {
         name: {concurrency: [] for concurrency in concurrencies} for name in systems
     }
@@ -199,8 +215,9 @@ async def _measure(
                         {**request, "concurrency": concurrency, "count": 10**9}, duration_s
                     )
                     results[name][concurrency].append(answer)
+                    label = "warm-up" if warmup else f"round {round_number + 1}/{rounds}"
                     print(
-                        f"round {round_number + 1}/{rounds} {name:>9} c={concurrency:<5} "
+                        f"{label} {name:>9} c={concurrency:<5} "
                         f"{answer['commits_per_s']:>9,.0f} commits/s  "
                         f"p50 {_milliseconds(answer['latency_p50_ms'])}  "
                         f"p99 {_milliseconds(answer['latency_p99_ms'])}"
@@ -301,8 +318,8 @@ def _table(
 ) -> list[str]:
     lines = [
         "| in flight | raw commits/s | raw p50 | raw p99 | raftstore commits/s "
-        "| raftstore p50 | raftstore p99 | ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| raftstore p50 | raftstore p99 | commits/s raftstore/raw | p50 raftstore/raw |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for concurrency in concurrencies:
         raw = results["raw"][concurrency]
@@ -315,13 +332,31 @@ def _table(
             f"{_milliseconds(_median(raw, 'latency_p99_ms'))} | {store_rate:,.0f} | "
             f"{_milliseconds(_median(store, 'latency_p50_ms'))} | "
             f"{_milliseconds(_median(store, 'latency_p99_ms'))} | "
-            f"{store_rate / raw_rate:.2f}x |"
+            f"{_ratio_text(store_rate, raw_rate)} | "
+            f"{_ratio_text(_median(store, 'latency_p50_ms'), _median(raw, 'latency_p50_ms'))} |"
         )
     return lines
 
 
-async def run(arguments: argparse.Namespace) -> dict[str, Any]:
-    command = _command_bytes()
+def _ratio(numerator: float, denominator: float) -> float:
+    if math.isnan(numerator) or math.isnan(denominator) or denominator == 0:
+        return math.nan
+    return numerator / denominator
+
+
+def _ratio_text(numerator: float, denominator: float) -> str:
+    ratio = _ratio(numerator, denominator)
+    return "-" if math.isnan(ratio) else f"{ratio:.2f}x"
+
+
+def _rounded(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 2)
+
+
+def run(arguments: argparse.Namespace) -> dict[str, Any]:
+    """Starts both clusters in a temporary directory, measures, and stops every member however
+    the run ends: the measuring loop stops them too, but if that loop is cut short (SIGTERM can
+    strike anywhere in it), this stops what it left, paused members included."""
     with tempfile.TemporaryDirectory(prefix="xr-bench-raftstore-") as directory:
         root = Path(directory)
         raw_options = [] if arguments.raw_journal else ["--no-journal"]
@@ -330,62 +365,76 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
             "raftstore": Cluster("raftstore", RAFTSTORE_MODULE, root),
         }
         try:
-            for cluster in clusters.values():
-                cluster.start()
-            systems: dict[str, tuple[Cluster, dict[str, Any]]] = {
-                "raw": (clusters["raw"], {"op": "load", "command": command}),
-                "raftstore": (clusters["raftstore"], {"op": "load", "value_size": VALUE_BYTES}),
-            }
-            print(
-                f"command: {len(command)} bytes (KvPut, {VALUE_BYTES}-byte value); "
-                f"{arguments.rounds} round(s) of {arguments.duration_s} s per point",
-                flush=True,
-            )
-            # Warm-up: connections, caches and the first elections, not measured.
-            await _measure(
-                systems,
-                concurrencies=(64,),
-                rounds=1,
-                duration_s=min(1.0, arguments.duration_s),
-                pause_other=arguments.pause_other,
-            )
-            results = await _measure(
-                systems,
-                concurrencies=arguments.concurrencies,
-                rounds=arguments.rounds,
-                duration_s=arguments.duration_s,
-                pause_other=arguments.pause_other,
-            )
-            async with _alone(
-                clusters["raftstore"], [clusters["raw"]], pause=arguments.pause_other
-            ):
-                failovers_s = await _failover(clusters["raftstore"], arguments.failover_trials)
+            return asyncio.run(_run(arguments, clusters))
         finally:
-            for cluster in clusters.values():
-                await cluster.stop()
+            with shielded():
+                for cluster in clusters.values():
+                    cluster.halt()
+
+
+async def _run(arguments: argparse.Namespace, clusters: dict[str, Cluster]) -> dict[str, Any]:
+    command = _command_bytes()
+    try:
+        for cluster in clusters.values():
+            cluster.start()
+        systems: dict[str, tuple[Cluster, dict[str, Any]]] = {
+            "raw": (clusters["raw"], {"op": "load", "command": command}),
+            "raftstore": (clusters["raftstore"], {"op": "load", "value_size": VALUE_BYTES}),
+        }
+        print(
+            f"command: {len(command)} bytes (KvPut, {VALUE_BYTES}-byte value); "
+            f"{arguments.rounds} round(s) of {arguments.duration_s} s per point",
+            flush=True,
+        )
+        # Warm-up: connections, caches and the first elections, not measured.
+        await _measure(
+            systems,
+            concurrencies=(64,),
+            rounds=1,
+            duration_s=min(1.0, arguments.duration_s),
+            pause_other=arguments.pause_other,
+            warmup=True,
+        )
+        results = await _measure(
+            systems,
+            concurrencies=arguments.concurrencies,
+            rounds=arguments.rounds,
+            duration_s=arguments.duration_s,
+            pause_other=arguments.pause_other,
+        )
+        async with _alone(clusters["raftstore"], [clusters["raw"]], pause=arguments.pause_other):
+            failovers_s = await _failover(clusters["raftstore"], arguments.failover_trials)
+    finally:
+        for cluster in clusters.values():
+            await cluster.stop()
+    reference_point = 64 if 64 in arguments.concurrencies else arguments.concurrencies[-1]
+    value = _median(results["raftstore"][reference_point], "commits_per_s")
+    reference = _median(results["raw"][reference_point], "commits_per_s")
+    first = arguments.concurrencies[0]
+    p50_ratio = _ratio(
+        _median(results["raftstore"][first], "latency_p50_ms"),
+        _median(results["raw"][first], "latency_p50_ms"),
+    )
     for line in _table(results, arguments.concurrencies):
         print(line)
+    print(
+        f"raftstore / raw: commits/s at {reference_point:,} in flight (the reference point) "
+        f"{_ratio_text(value, reference)}; p50 at {first:,} in flight {_ratio_text(p50_ratio, 1)}"
+    )
     print(
         f"failover (kill -9 leader, first write committed on a survivor): "
         f"median {statistics.median(failovers_s):.3f} s, max {max(failovers_s):.3f} s "
         f"(n={len(failovers_s)})"
     )
-    reference_point = 64 if 64 in arguments.concurrencies else arguments.concurrencies[-1]
-    value = _median(results["raftstore"][reference_point], "commits_per_s")
-    reference = _median(results["raw"][reference_point], "commits_per_s")
-    first = arguments.concurrencies[0]
     return {
         "bench": "raftstore",
         "value": round(value),
         "unit": "commits/s",
         "concurrency": reference_point,
         "reference": round(reference),
-        "ratio": round(value / reference, 2),
-        "p50_ratio_at_1": round(
-            _median(results["raftstore"][first], "latency_p50_ms")
-            / _median(results["raw"][first], "latency_p50_ms"),
-            2,
-        ),
+        "ratio": _rounded(_ratio(value, reference)),
+        # At the first of --concurrencies (1 by default), as the key says for the default.
+        "p50_ratio_at_1": _rounded(p50_ratio),
         "failover_median_s": round(statistics.median(failovers_s), 3),
         "failover_max_s": round(max(failovers_s), 3),
         "failover_trials": len(failovers_s),
@@ -396,15 +445,21 @@ async def run(arguments: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with --quick's values for the options not given (usage error, exit 2,
+    for a bad value)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round of 1.5 s, 3 failovers")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration-s", type=float, default=2.5)
-    parser.add_argument("--failover-trials", type=int, default=5)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 round of 1.5 s, 3 failovers (the options below, where given, still count)",
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="3 (--quick: 1)")
+    parser.add_argument("--duration-s", type=float, default=None, help="2.5 (--quick: 1.5)")
+    parser.add_argument("--failover-trials", type=int, default=None, help="5 (--quick: 3)")
     parser.add_argument(
         "--concurrencies",
-        type=lambda text: tuple(int(part) for part in text.split(",")),
+        type=positive_integers,
         default=CONCURRENCIES,
         help="comma-separated commands in flight (default 1,16,64,1000)",
     )
@@ -421,6 +476,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="SIGSTOP the cluster not being measured (default: on)",
     )
     arguments = parser.parse_args(argv)
+    # Explicit values win over --quick's.
+    for name, (default, quick) in DEFAULTS.items():
+        if getattr(arguments, name) is None:
+            setattr(arguments, name, quick if arguments.quick else default)
     if (
         arguments.failover_trials < 1
         or arguments.rounds < 1
@@ -431,10 +490,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--failover-trials, --rounds and each of --concurrencies must be at least 1, "
             "--duration-s positive and finite"
         )
-    if arguments.quick:
-        arguments.rounds, arguments.duration_s, arguments.failover_trials = 1, 1.5, 3
-    summary = asyncio.run(run(arguments))
-    print(json.dumps(summary))
+    return arguments
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    return run_main(lambda: _main(arguments))
+
+
+def _main(arguments: argparse.Namespace) -> int:
+    print(json.dumps(run(arguments)))
     return 0
 
 

@@ -33,6 +33,7 @@ from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 
 import xrcore.scheduler as current  # noqa: E402
+from bench._arguments import integer_between  # noqa: E402
 from bench._revision import module_at  # noqa: E402
 from bench.scheduler import moving_cluster, scale_cluster  # noqa: E402
 
@@ -67,9 +68,9 @@ def summary(times: dict[str, list[float]]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", required=True, metavar="REV", help="a git revision")
-    parser.add_argument("--pairs", type=int, default=21, choices=range(1, 1001), metavar="N")
+    parser.add_argument("--pairs", type=integer_between(1, 1_000), default=21, metavar="N")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--tasks", type=int, default=10_000, choices=range(1, 100_001), metavar="N")
+    parser.add_argument("--tasks", type=integer_between(1, 100_000), default=10_000, metavar="N")
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         earlier = scheduler_at(arguments.against, Path(folder))

@@ -75,8 +75,10 @@ __all__ = [
     "Outage",
     "Trace",
     "TraceJob",
+    "TraceTooLarge",
     "generate",
     "regions",
+    "regions_gpus",
     "size_mix",
 ]
 
@@ -239,12 +241,21 @@ class _Entrypoint:
     checkpoint_size_mb: int
 
 
+def _machines(capacity_reference_gpus: float, template: _RegionTemplate) -> int:
+    count = capacity_reference_gpus * template.share / template.speed
+    return max(1, round(count / MACHINE_GPUS))
+
+
+def regions_gpus(capacity_reference_gpus: float) -> int:
+    """How many GPUs `regions(capacity_reference_gpus)` has in all, without making them."""
+    return sum(_machines(capacity_reference_gpus, template) * MACHINE_GPUS for template in _REGIONS)
+
+
 def regions(capacity_reference_gpus: float) -> tuple[RegionInfo, ...]:
     """The 5 regions, with `capacity_reference_gpus` (GPUs times speed) shared out."""
     out = []
     for template in _REGIONS:
-        count = capacity_reference_gpus * template.share / template.speed
-        machines = max(1, round(count / MACHINE_GPUS))
+        machines = _machines(capacity_reference_gpus, template)
         rtt_ms = {
             other: rtt
             for (first, second), rtt in _RTT_MS.items()
@@ -321,6 +332,10 @@ def _outages(rng: random.Random, names: list[str], horizon_ms: float) -> list[Ou
     return sorted(outages, key=lambda outage: (outage.start_ms, outage.region))
 
 
+class TraceTooLarge(ValueError):
+    """The trace asked for would need a cluster larger than the caller allows."""
+
+
 def generate(
     seed: int,
     *,
@@ -328,8 +343,12 @@ def generate(
     hours: float = 48.0,
     load: float = DEFAULT_LOAD,
     outages: bool = True,
+    gpus_max: int | None = None,
 ) -> Trace:
-    """A trace of `jobs` jobs arriving over `hours`, on a cluster sized for `load`."""
+    """A trace of `jobs` jobs arriving over `hours`, on a cluster sized for `load`; with
+    `gpus_max`, `TraceTooLarge` if that cluster would have more GPUs (a short window or a low
+    load sizes it for the same work in less time: millions of GPUs, which no simulation
+    finishes)."""
     assert jobs > 0 and hours > 0 and load > 0
     rng = random.Random(seed)
     names = [template.name for template in _REGIONS]
@@ -399,7 +418,18 @@ def generate(
     # Sized from this trace's own work, not the expectation: run times are heavy-tailed and
     # shared by each entrypoint's jobs, so one trace's work is often twice the expected.
     work_gpu_ms = sum(job.gpus * sum(job.work_ms) for job in trace_jobs)
-    region_infos = regions(work_gpu_ms / (load * hours * HOUR_MS))
+    capacity_reference_gpus = work_gpu_ms / (load * hours * HOUR_MS)
+    if gpus_max is not None and not (
+        math.isfinite(capacity_reference_gpus)
+        and (gpus := regions_gpus(capacity_reference_gpus)) <= gpus_max
+    ):
+        gpus_text = f"{gpus:,}" if math.isfinite(capacity_reference_gpus) else "infinitely many"
+        raise TraceTooLarge(
+            f"{jobs:,} jobs over {hours:g} h at load {load:g} size the cluster at {gpus_text} "
+            f"GPUs, more than the {gpus_max:,} a simulation here finishes in reasonable time: give "
+            "more hours, more load or fewer jobs"
+        )
+    region_infos = regions(capacity_reference_gpus)
     # Outages over the arrival window and the week after it, when the long jobs still run.
     outage_list = _outages(rng, names, hours * HOUR_MS + 7 * DAY_MS) if outages else []
     return Trace(

@@ -13,7 +13,8 @@ io_uring goes through the `liburing` package from PyPI, which xr does not depend
 it, this measures the in-line syncs only and says so.
 
 Run: `python bench/sync_cost.py [--syncs 2000] [--rounds 2] [--dir DIR]` (the file is made in
-DIR, default the working directory: put it on the disk whose syncs you want to time).
+DIR, default the working directory: put it on the disk whose syncs you want to time). The last
+line is one JSON object; without io_uring its `note` says why there is no ratio.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import mmap
 import os
 import resource
@@ -34,6 +36,10 @@ from typing import Any
 
 RECORD = b"x" * 300
 FILE_BYTES = 8 << 20
+NOT_MEASURED = (
+    "io_uring not measured, so no ratio: the liburing and uvloop packages are not both "
+    "installed (pip install liburing uvloop)"
+)
 
 
 def _cpu_s() -> float:
@@ -154,10 +160,25 @@ def main(argv: list[str] | None = None) -> int:
             statistics.median(wall for _, wall in figures),
         )
         print(f"| {way} | {medians[way][0]:.1f} us | {medians[way][1]:.1f} us |")
+    document: dict[str, Any] = {
+        "bench": "sync_cost",
+        "syncs": arguments.syncs,
+        "rounds": arguments.rounds,
+        **{
+            f"{way.replace(' ', '_')}_{kind}_us_per_sync": round(figures[position], 1)
+            for way, figures in medians.items()
+            for position, kind in enumerate(("cpu", "wall"))
+        },
+    }
     if len(medians) == 2:
         cpu_ratio = medians["io_uring"][0] / medians["in line"][0]
         wall_ratio = medians["io_uring"][1] / medians["in line"][1]
         print(f"io_uring / in line: CPU {cpu_ratio:.2f}x, wall {wall_ratio:.2f}x")
+        document["cpu_ratio_io_uring_in_line"] = round(cpu_ratio, 3)
+        document["wall_ratio_io_uring_in_line"] = round(wall_ratio, 3)
+    else:
+        document["note"] = NOT_MEASURED
+    print(json.dumps(document))
     return 0
 
 

@@ -37,6 +37,10 @@ from tests.bench._script import ROOT, run_script
         ("gpu_check.py", ["--gemm-n", "0"]),
         ("raftstore.py", ["--duration-s", "nan"]),
         ("raftstore.py", ["--concurrencies", "0"]),
+        ("raftstore.py", ["--concurrencies", "x"]),
+        ("durability.py", ["--concurrency", "abc"]),
+        ("scheduler_pass.py", ["--against", "HEAD", "--pairs", "0"]),
+        ("scheduler_pass.py", ["--against", "HEAD", "--tasks", "-1"]),
         ("overload.py", ["--duration", "nan"]),
         ("overload.py", ["--factor", "-1"]),
         ("overload.py", ["--members", "0"]),
@@ -55,8 +59,38 @@ def test_a_bad_argument_is_a_usage_error_before_any_work(script: str, arguments:
     answer = run_script(script, *arguments)
     assert answer.returncode == 2, answer.stdout + answer.stderr
     assert "Traceback" not in answer.stderr
-    assert "error:" in answer.stderr.splitlines()[-1]
+    last = answer.stderr.splitlines()[-1]
+    assert "error:" in last
+    # The message says what was expected, not a type's function name or a list of choices.
+    assert "<lambda>" not in last and "invalid choice" not in last and "_concurrencies" not in last
     assert answer.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("script", "arguments", "expected"),
+    [
+        ("raftstore.py", ["--concurrencies", "x"], "expected whole numbers of at least 1"),
+        ("durability.py", ["--concurrency", "abc"], "expected whole numbers of at least 1"),
+        ("scheduler_pass.py", ["--against", "HEAD", "--pairs", "0"], "from 1 to 1,000"),
+        ("scheduler_pass.py", ["--against", "HEAD", "--tasks", "-1"], "from 1 to 100,000"),
+    ],
+)
+def test_a_bad_list_or_range_is_named_in_one_line(
+    script: str, arguments: list[str], expected: str
+) -> None:
+    answer = run_script(script, *arguments)
+    assert answer.returncode == 2
+    assert expected in answer.stderr.splitlines()[-1]
+    # The usage line and the error: no list of a thousand choices.
+    assert len(answer.stderr) < 1_000, answer.stderr
+
+
+def test_placement_view__help__describes_it_in_whole_sentences() -> None:
+    answer = run_script("placement_view.py", "--help")
+    assert answer.returncode == 0
+    assert "with and without the bound on the pending tasks it looks at, in the same run." in (
+        " ".join(answer.stdout.split())
+    )
 
 
 @pytest.mark.parametrize(
@@ -146,3 +180,11 @@ def test_an_output_that_fails_when_written_is_one_line_on_stderr(
     # /dev/full passes every check and fails the write: that was a traceback at the run's end.
     assert not write_output(Path("/dev/full"), "{}", program="api")
     assert capsys.readouterr().err == "api: cannot write /dev/full: No space left on device\n"
+
+
+@pytest.mark.parametrize("arguments", [["--hours", "0.001"], ["--load", "1e-9"]])
+def test_scheduler__a_trace_too_large_to_simulate_is_refused_at_once(arguments: list[str]) -> None:
+    answer = run_script("scheduler.py", "--quick", "--no-plot", *arguments)
+    assert answer.returncode == 2
+    assert "Traceback" not in answer.stderr
+    assert "more than the 10,000 a simulation here finishes" in answer.stderr
