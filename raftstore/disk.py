@@ -39,7 +39,10 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
+
+from raftstore import pickling
 
 __all__ = [
     "CHECKED_FORMAT",
@@ -139,6 +142,28 @@ class JournalDamaged(OSError):
     """A record of the journal is not what was written, and it is not a torn tail."""
 
 
+def _check_meta(path: Path) -> None:
+    """Refuses (`JournalDamaged`) a metadata file that exists but cannot be read as one.
+    pysyncobj read any such file as empty: the member forgot its term and the vote it gave in
+    it, and could vote a second time in that term (two leaders); found by the disk QA pass of
+    session 32, with a damaged file and with one the node's user could not read."""
+    if not path.exists():
+        return
+    try:
+        meta = pickling.loads(path.read_bytes())
+        problem = None if isinstance(meta, dict) else f"it holds a {type(meta).__name__}"
+    except Exception as error:  # a damaged pickle raises anything
+        problem = str(error) or type(error).__name__
+    if problem is not None:
+        raise JournalDamaged(
+            errno.EIO,
+            f"{path} cannot be read ({problem}): it holds this member's term and vote, which it "
+            "must not forget (it could vote twice in one term); mend its permissions if that is "
+            "the cause, else move the data directory aside and start the node again to take the "
+            "others' state (docs/operations.md, resync)",
+        )
+
+
 class CheckedJournal(PlainFileJournal):  # type: ignore[misc]
     """pysyncobj's file journal, in format 2 (each record checked by its CRC-32) and with its
     writes stopping the process when they fail (`fail_stop`). A journal of format 1 (written
@@ -152,6 +177,7 @@ class CheckedJournal(PlainFileJournal):  # type: ignore[misc]
             super().__init__(journalFile)
         except OSError as error:
             fail_stop(journalFile, error)
+        _check_meta(Path(journalFile + ".meta"))
         mapped = getattr(self, "_FileJournal__journalFile")  # noqa: B009 - name-mangled
         self.checked = struct.unpack("<I", mapped.read(FORMAT_OFFSET, 4))[0] == CHECKED_FORMAT
         if self.checked:

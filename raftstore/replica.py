@@ -67,6 +67,7 @@ __all__ = [
     "FileSync",
     "Outbox",
     "Replica",
+    "check_snapshot_present",
     "decode_group",
     "decode_raft_snapshot",
     "encode_group",
@@ -228,6 +229,30 @@ def repair_journal(path: Path) -> int:
         "journal %s had a torn tail: cut %d bytes after offset %d", path, end - offset, offset
     )
     return end - offset
+
+
+def check_snapshot_present(config: RaftConfig) -> None:
+    """Refuses (`disk.JournalDamaged`) a data directory whose journal starts past its first
+    entry with no snapshot beside it: the entries before were compacted into the snapshot, and
+    without it the member applied nothing and served an empty state, while voting and
+    acknowledging appends (the disk QA pass of session 32, a snapshot moved away)."""
+    path = config.journal_file
+    if config.snapshot_file.exists() or not path.exists():
+        return
+    with path.open("rb") as file:
+        head = file.read(_JOURNAL_HEADER_BYTES + 12)
+    if len(head) < _JOURNAL_HEADER_BYTES + 12:
+        return
+    end = struct.unpack_from("<I", head, _JOURNAL_END_OFFSET)[0]
+    first = struct.unpack_from("<Q", head, _JOURNAL_HEADER_BYTES + 4)[0]
+    if end > _JOURNAL_HEADER_BYTES and first > 1:
+        raise disk.JournalDamaged(
+            errno.ENOENT,
+            f"{config.snapshot_file} is missing, but the journal {path} starts at entry {first}: "
+            "the entries before it are only in the snapshot. Put the snapshot back, or move the "
+            "data directory aside and start the node again to take the others' state "
+            "(docs/operations.md, resync)",
+        )
 
 
 def _record_at(data: bytes, offset: int, limit: int, checked: bool) -> tuple[int, int] | None:
@@ -740,6 +765,7 @@ class Replica(SyncObj):
         # tenant's keys and jobs (pysyncobj makes its files with the umask's mode).
         config.data_dir.mkdir(mode=RAFT_DIR_MODE, parents=True, exist_ok=True)
         repair_journal(config.journal_file)
+        check_snapshot_present(config)
         # Listen where this node says it is, not on every interface.
         bind_address = config.bind_address or config.self_address
         conf = SyncObjConf(

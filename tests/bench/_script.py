@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,10 @@ def run_script(
         timeout=300,
         env=None if environment is None else {**os.environ, **environment},
     )
+
+
+def ctrl_c_as_at_a_terminal() -> None:
+    """For `preexec_fn`: Ctrl-C (SIGINT) back to its default in the script, which Python then
+    turns into KeyboardInterrupt. A suite started in the background by a shell (`make test &`)
+    inherits SIGINT ignored, and the script would never see the signal the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

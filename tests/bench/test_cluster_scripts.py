@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench._load import with_descendants
-from tests.bench._script import ROOT
+from tests.bench._script import ROOT, ctrl_c_as_at_a_terminal
 
 
 def _state(pid: int) -> str | None:
@@ -46,6 +46,7 @@ def test_a_stopped_run_stops_its_nodes_and_removes_its_directory(
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "bench" / script), *arguments],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )  # fmt: skip
     nodes: list[int] = []
     try:

@@ -17,7 +17,7 @@ import pytest
 
 from bench import raftstore as bench_raftstore
 from bench._load import with_descendants
-from tests.bench._script import ROOT
+from tests.bench._script import ROOT, ctrl_c_as_at_a_terminal
 
 
 def test_quick__explicit_options_win() -> None:
@@ -85,6 +85,7 @@ def test_a_stopped_run_resumes_and_stops_every_member(signal_number: int) -> Non
             "--duration-s", "20", "--concurrencies", "1", "--failover-trials", "1",
         ],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )  # fmt: skip
     assert process.stdout is not None
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench._signals import INTERRUPTED, TERMINATED
-from tests.bench._script import ROOT
+from tests.bench._script import ROOT, ctrl_c_as_at_a_terminal
 
 # A stand-in benchmark: starts a child in a session of its own (as LocalCluster starts nodes),
 # prints its id, and stops it in a `finally`, the way the scripts of bench/ do.
@@ -64,6 +64,7 @@ def test_a_stopped_benchmark_stops_its_child_and_says_so_in_one_line(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     assert process.stdout is not None
     child = int(process.stdout.readline())

@@ -32,7 +32,7 @@ from node.config import ConfigError, NodeConfig, load_config
 from node.daemon import check_members
 from node.data_dir import DataDirLock
 from node.localcluster import LocalCluster
-from raftstore import replica
+from raftstore import disk
 from tests.node.conftest import ApiNode
 from xrcore import StateMachine
 from xrcore.client import Client
@@ -224,7 +224,9 @@ def test_restore__that_fails_half_way__leaves_no_raft_data_and_a_node_names_an_e
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patched:
-        patched.setattr(replica._journal_module.FileJournal, "add", full)
+        # The class a restore writes its journal with (`raftstore.disk.PlainFileJournal`),
+        # whichever class pysyncobj's module holds now (`disk.install`).
+        patched.setattr(disk.PlainFileJournal, "add", full)
         result = _run(*arguments)
     assert result.exit_code == 1 and "No space left on device" in result.output, result.output
     assert sorted(path.name for path in (data_dir / "raft").iterdir()) == []

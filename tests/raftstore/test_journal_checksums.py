@@ -11,6 +11,7 @@ power loss during writeback) is still cut, as before.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import struct
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 from raftstore import disk
 from raftstore.config import RaftConfig
-from raftstore.replica import repair_journal
+from raftstore.replica import check_snapshot_present, repair_journal
 from raftstore.store import RaftStore
 from tests.raftstore.one_member import free_port
 from xrcore.commands import KvPut
@@ -139,3 +140,53 @@ def test_a_member_whose_journal_was_damaged__refuses_to_start_naming_it(tmp_path
     _damage(config.journal_file, _offsets(config.journal_file)[5] + 30)
     with pytest.raises(disk.JournalDamaged, match="is damaged"):
         asyncio.run(start_again())
+
+
+@pytest.mark.parametrize("damage", [b"GARBAGE-IN-THE-META-FILE", b"", pickle.dumps([1, 2])])
+def test_a_metadata_file_that_cannot_be_read__refuses_the_journal(
+    tmp_path: Path, damage: bytes
+) -> None:
+    """pysyncobj read it as empty: the member forgot its term and its vote, and could vote
+    twice in one term (found by the second disk QA pass of session 32)."""
+    path = tmp_path / "raft.journal"
+    journal = disk.CheckedJournal(str(path))
+    journal.setCurrentTerm(50, "127.0.0.1:1")
+    journal._destroy()
+    assert disk.CheckedJournal(str(path)).getCurrentTerm() == 50
+    Path(f"{path}.meta").write_bytes(damage)
+    with pytest.raises(disk.JournalDamaged, match=r"raft\.journal\.meta cannot be read"):
+        disk.CheckedJournal(str(path))
+
+
+@pytest.mark.integration
+def test_a_member_whose_snapshot_is_missing__refuses_to_start_naming_it(tmp_path: Path) -> None:
+    """Its journal starts past the entries the snapshot holds: it applied nothing and served an
+    empty state while voting and acknowledging appends (the second disk QA pass)."""
+    config = RaftConfig(
+        self_address=f"127.0.0.1:{free_port()}",
+        peers=(),
+        data_dir=tmp_path / "raft",
+        log_compaction_min_entries=20,
+        log_compaction_min_time_s=0.1,
+    )
+
+    async def write() -> None:
+        store = RaftStore(config)
+        await store.start()
+        try:
+            for number in range(200):
+                (await store.propose(KvPut(key=f"k{number}", value=b"v"))).result.unwrap()
+                if config.snapshot_file.exists() and number > 100:
+                    break
+                await asyncio.sleep(0.005)
+        finally:
+            await store.stop()
+
+    asyncio.run(write())
+    assert config.snapshot_file.exists(), "the log never compacted"
+    check_snapshot_present(config)
+    config.snapshot_file.rename(tmp_path / "moved-away")
+    with pytest.raises(disk.JournalDamaged, match=r"raft\.snapshot is missing, but the journal"):
+        check_snapshot_present(config)
+    with pytest.raises(disk.JournalDamaged, match="is missing"):
+        asyncio.run(write())
