@@ -75,9 +75,15 @@ HEALTH_PERIOD_S = 0.1
 # A request unanswered after this long counts as unanswered (its outcome is unknown).
 REQUEST_TIMEOUT_S = 10.0
 # The pool of client ids (each with at most one request, so one connection, outstanding): at
-# least this many, and as many as the target rate times REQUEST_TIMEOUT_S, within the open files
-# this process may have less FILE_DESCRIPTORS_RESERVED (the cluster's pipes, the prober, Python).
+# least CLIENTS_MIN, and as many as the target rate times REQUEST_TIMEOUT_S, but at most
+# CLIENTS_MAX and within the open files this process may have less FILE_DESCRIPTORS_RESERVED (the
+# cluster's pipes, the prober, Python). CLIENTS_MAX: with a pool of up to 19,744 (session 32) the
+# generator, one Python process on the nodes' cores, became the bottleneck: it sent 1,882 puts/s
+# of a 7,824/s target with a p50 of 7.5 s in its own queues, the nodes admitted 297/s of their
+# 3,912/s capacity, and on a loaded machine 1,182 requests went unanswered. At 5,000 a run
+# measures the nodes more than the generator, and says by how much the offered rate fell short.
 CLIENTS_MIN = 1_000
+CLIENTS_MAX = 5_000
 FILE_DESCRIPTORS_RESERVED = 256
 READY_TIMEOUT_S = 60.0
 
@@ -115,7 +121,8 @@ class _Counts:
 def clients_max(rate_per_s: float) -> tuple[int, str | None]:
     """The pool's bound for `rate_per_s`, and why it is less than the rate needs (None: it is
     not). Raises this process's open-file limit to its hard limit where that helps."""
-    needed = max(CLIENTS_MIN, math.ceil(rate_per_s * REQUEST_TIMEOUT_S))
+    wanted_by_rate = max(CLIENTS_MIN, math.ceil(rate_per_s * REQUEST_TIMEOUT_S))
+    needed = min(wanted_by_rate, CLIENTS_MAX)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = needed + FILE_DESCRIPTORS_RESERVED
     if soft != resource.RLIM_INFINITY and soft < wanted:
@@ -125,13 +132,18 @@ def clients_max(rate_per_s: float) -> tuple[int, str | None]:
             soft = raised
         except (OSError, ValueError):
             pass
-    if soft == resource.RLIM_INFINITY or needed <= soft - FILE_DESCRIPTORS_RESERVED:
-        return needed, None
-    available = max(1, soft - FILE_DESCRIPTORS_RESERVED)
-    return available, (
-        f"the open-file limit ({soft}) leaves {available} clients; the target rate needs up to "
-        f"{needed}"
-    )
+    if soft != resource.RLIM_INFINITY and needed > soft - FILE_DESCRIPTORS_RESERVED:
+        available = max(1, soft - FILE_DESCRIPTORS_RESERVED)
+        return available, (
+            f"the open-file limit ({soft}) leaves {available} clients; the target rate needs up "
+            f"to {wanted_by_rate}"
+        )
+    if needed < wanted_by_rate:
+        return needed, (
+            f"the pool is capped at {CLIENTS_MAX:,} clients (more made this generator, not the "
+            f"nodes, the bottleneck); the target rate needs up to {wanted_by_rate:,}"
+        )
+    return needed, None
 
 
 async def _capacity(

@@ -67,7 +67,7 @@ def test_table__no_note_when_every_put_was_sent() -> None:
     assert "2117.3 puts/s: 84692 sent" in table
 
 
-def test_clients_max__the_pool_grows_with_the_rate_within_the_open_file_limit(
+def test_clients_max__the_pool_grows_with_the_rate_within_the_open_file_limit_and_its_cap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     limits = {"soft": 1_024, "hard": 4_096}
@@ -84,9 +84,14 @@ def test_clients_max__the_pool_grows_with_the_rate_within_the_open_file_limit(
     assert overload.clients_max(200.0) == (2_000, None)
     assert limits["soft"] == 2_000 + overload.FILE_DESCRIPTORS_RESERVED
     # Beyond the hard limit: as many as it allows, and why.
-    bound, reason = overload.clients_max(2_117.3)
+    bound, reason = overload.clients_max(420.0)
     assert bound == 4_096 - overload.FILE_DESCRIPTORS_RESERVED
-    assert reason is not None and "open-file limit (4096)" in reason and "21173" in reason
+    assert reason is not None and "open-file limit (4096)" in reason and "4200" in reason
+    # Beyond the cap, whatever the limit: the cap, and why.
+    limits["hard"] = 1 << 20
+    bound, reason = overload.clients_max(2_117.3)
+    assert bound == overload.CLIENTS_MAX
+    assert reason is not None and "capped at 5,000" in reason and "21,173" in reason
 
 
 def test_the_health_prober_runs_in_a_session_of_its_own_so_ctrl_c_does_not_kill_it() -> None:
