@@ -557,9 +557,9 @@ class RaftStore:
             await asyncio.sleep(0.02)
 
     async def _hand_over_leadership(self) -> None:
-        """Hands the leadership to a member that applies the log, as this one, stopped at an
-        entry of a newer release (`Replica.halted`), proposes nothing: led by it, the cluster
-        would move neither its time (leases) nor its schedule. A member that stopped too does
+        """Hands the leadership to a member that applies the log. This one stopped at an entry
+        of a newer release (`Replica.halted`) and proposes nothing: led by it, the cluster would
+        move neither its time (leases) nor its schedule. A member that stopped too does
         not take over (`Replica._SyncObj__connectedToAnyone`), so with none that applies the log
         this member stays the leader of a cluster that can do nothing until it is upgraded."""
         for member in self.status()["members"]:
