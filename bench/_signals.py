@@ -42,6 +42,7 @@ __all__ = [
     "Terminated",
     "kill_cluster",
     "run_main",
+    "running",
     "shielded",
     "sigterm_as_exit",
 ]
@@ -98,7 +99,8 @@ def run_main(body: Callable[[], int]) -> int:
         return int(error.code or 128 + signal.SIGTERM)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
@@ -116,5 +118,5 @@ def kill_cluster(cluster: LocalCluster) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     deadline_s = time.monotonic() + GONE_TIMEOUT_S
-    while any(_running(pid) for pid in below) and time.monotonic() < deadline_s:
+    while any(running(pid) for pid in below) and time.monotonic() < deadline_s:
         time.sleep(0.02)

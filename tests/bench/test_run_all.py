@@ -13,16 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import run_all
+from bench._signals import running
 from bench.run_all import Benchmark, Outcome, run_one, run_within
 from tests.bench._script import ROOT
 
 
 def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
+    return not running(pid)
 
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> bool:

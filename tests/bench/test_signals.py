@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._signals import INTERRUPTED, TERMINATED
+from bench._signals import INTERRUPTED, TERMINATED, running
 from tests.bench._script import ROOT, ctrl_c_as_at_a_terminal
 
 # A stand-in benchmark: starts a child in a session of its own (as LocalCluster starts nodes),
@@ -43,11 +43,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state == "Z"
+    return not running(pid)
 
 
 @pytest.mark.parametrize(
